@@ -1,0 +1,329 @@
+"""Every message that crosses the bus (DESIGN §1).
+
+Frozen, tagged msgspec Structs encoded as JSON. Each carries ``v``, its schema
+version. Evolution rules: new fields get defaults, a field never changes type,
+a tag is never reused.
+
+Bus messages are decoded leniently (a newer agent may add fields);
+``decode_strict`` refuses unknown fields and is what tests run over every
+captured message, so schema drift fails CI.
+
+Times are Unix seconds (float) taken from the producer's clock and named
+``*_s``; memory is MiB (``*_mib``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+LinkType = Literal["nvlink", "hccs", "xgmi", "mlulink", "pcie"]
+Severity = Literal["info", "warning", "critical", "fatal"]
+Source = Literal["agent", "probe", "healer"]
+Verdict = Literal["healthy", "degraded", "failed"]
+AllocState = Literal["reserved", "bound", "released", "expired"]
+Substitution = Literal["allow", "ask", "deny"]
+Topology = Literal["high-bandwidth", "any"]
+
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2, "fatal": 3}
+
+
+class _Frozen(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class Link(_Frozen):
+    """A link from one device to a peer device on the same node."""
+
+    peer_index: int
+    type: LinkType
+    bandwidth_gbps: float
+    peer_bus_id: str | None = None
+
+
+class Telemetry(_Frozen):
+    utilisation_pct: float = 0.0
+    sm_clock_mhz: float = 0.0
+    max_sm_clock_mhz: float = 0.0
+    power_w: float = 0.0
+    power_limit_w: float = 0.0
+    temperature_c: float = 0.0
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    remapped_rows: int = 0
+    remap_pending: bool = False
+    remap_failed: bool = False
+    pcie_replay: int = 0
+    throttle_reasons: tuple[str, ...] = ()
+    achieved_tflops_fp16: float | None = None
+
+
+class Compute(_Frozen):
+    """Compute capacity: from the profile database and, where run, measured."""
+
+    acu_profile: float
+    tflops_fp16_profile: float
+    acu_measured: float | None = None
+    tflops_fp16_measured: float | None = None
+
+    @property
+    def acu(self) -> float:
+        return self.acu_measured if self.acu_measured is not None else self.acu_profile
+
+
+class DeviceFingerprint(_Frozen):
+    index: int
+    uuid: str
+    vendor: str
+    model: str
+    vram_total_mib: int
+    vram_free_mib: int
+    compute: Compute
+    pci_bus_id: str = ""
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    numa_node: int | None = None
+    compute_capability: str | None = None
+    links: tuple[Link, ...] = ()
+    health_score: int = 100
+    telemetry: Telemetry = Telemetry()
+    error: str | None = None
+
+
+class NodeFingerprint(_Frozen, tag="node_fingerprint", tag_field="type"):
+    """A full snapshot of one node's devices (stream HCS_FP, last per subject)."""
+
+    node: str
+    agent_version: str
+    boot_id: str
+    seq: int
+    time_s: float
+    devices: tuple[DeviceFingerprint, ...] = ()
+    labels: dict[str, str] = {}
+    simulated: bool = False
+    v: int = 1
+
+
+class HealthEvent(_Frozen, tag="health_event", tag_field="type"):
+    """A discrete health event or verdict (stream HCS_HEALTH; the alert feed).
+
+    ``device`` is the device index, ``None`` for the whole node. ``kind`` is an
+    open vocabulary (``xid``, ``ecc_uncorrected``, ``device_lost``, ``verdict``
+    …); consumers must tolerate kinds they do not know.
+    """
+
+    node: str
+    kind: str
+    severity: Severity
+    source: Source
+    time_s: float
+    device: int | None = None
+    device_uuid: str | None = None
+    code: int | None = None
+    verdict: Verdict | None = None
+    health_score: int | None = None
+    evidence: dict[str, str | int | float | bool] = {}
+    message: str = ""
+    id: str = ""
+    v: int = 1
+
+
+class Requests(_Frozen):
+    """What a pod asks for, per pod (not per device unless named so)."""
+
+    vram_mib: int = 0
+    tflops_fp16: float = 0.0
+    tflops_bf16: float = 0.0
+    tflops_fp32: float = 0.0
+    acu: float = 0.0
+    devices: int | None = None
+
+
+class Policy(_Frozen):
+    vendors: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    substitution: Substitution = "deny"
+    job: str | None = None
+    topology: Topology = "any"
+
+
+class PlanRequest(_Frozen, tag="plan_request", tag_field="type"):
+    namespace: str
+    requests: Requests
+    policy: Policy = Policy()
+    pod_name: str = ""
+    dry_run: bool = False
+    v: int = 1
+
+
+class Rejection(_Frozen):
+    vendor: str
+    model: str
+    reason: str
+
+
+class QuotaVerdict(_Frozen):
+    ok: bool = True
+    reason: str = ""
+    vram_mib_used: int = 0
+    vram_mib_hard: int | None = None
+    acu_used: float = 0.0
+    acu_hard: float | None = None
+
+
+class Offer(_Frozen):
+    vendor: str
+    model: str
+    devices: int
+    vram_mib_per_device: int
+    arithmetic: str = ""
+
+
+class Plan(_Frozen, tag="plan", tag_field="type"):
+    ok: bool
+    reason: str = ""
+    vendor: str = ""
+    model: str = ""
+    models: tuple[str, ...] = ()
+    devices: int = 0
+    vram_mib_per_device: int = 0
+    whole_device: bool = False
+    acu_per_device: float = 0.0
+    runtime_profile: str = ""
+    quota: QuotaVerdict = QuotaVerdict()
+    rejected: tuple[Rejection, ...] = ()
+    substituted_from: str | None = None
+    offer: Offer | None = None
+    v: int = 1
+
+
+class DeviceSlice(_Frozen):
+    index: int
+    uuid: str
+    vram_mib: int
+    whole: bool = False
+
+
+class PodRef(_Frozen):
+    namespace: str
+    name: str
+    uid: str = ""
+
+
+class AllocationEvent(_Frozen, tag="allocation_event", tag_field="type"):
+    node: str
+    pod: PodRef
+    state: AllocState
+    time_s: float
+    devices: tuple[DeviceSlice, ...] = ()
+    vendor: str = ""
+    model: str = ""
+    acu: float = 0.0
+    job: str | None = None
+    priority: int = 0
+    reason: str = ""
+    v: int = 1
+
+
+class ReleaseRequest(_Frozen, tag="release_request", tag_field="type"):
+    """An explicit release of a pod's devices (core subject ``hcs.release``)."""
+
+    pod: PodRef
+    reason: str = ""
+    v: int = 1
+
+
+class CheckpointEvent(_Frozen, tag="checkpoint_event", tag_field="type"):
+    namespace: str
+    job: str
+    uri: str
+    step: int
+    time_s: float
+    framework: str = ""
+    complete: bool = True
+    v: int = 1
+
+
+class CheckpointRequest(_Frozen, tag="checkpoint_request", tag_field="type"):
+    namespace: str
+    job: str
+    reason: str
+    request_id: str
+    deadline_s: float = 300.0
+    v: int = 1
+
+
+Message = (
+    NodeFingerprint
+    | HealthEvent
+    | PlanRequest
+    | Plan
+    | AllocationEvent
+    | ReleaseRequest
+    | CheckpointEvent
+    | CheckpointRequest
+)
+ALL_MESSAGES: tuple[type[Any], ...] = (
+    NodeFingerprint,
+    HealthEvent,
+    PlanRequest,
+    Plan,
+    AllocationEvent,
+    ReleaseRequest,
+    CheckpointEvent,
+    CheckpointRequest,
+)
+
+T = TypeVar("T")
+
+ENCODER = msgspec.json.Encoder()
+_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return ENCODER.encode(message)
+
+
+def decoder_for(kind: type[T]) -> msgspec.json.Decoder[T]:
+    """The one module-level decoder for a message type (built once, reused)."""
+    found = _DECODERS.get(kind)
+    if found is None:
+        found = _DECODERS[kind] = msgspec.json.Decoder(kind)
+    return found
+
+
+def decode(data: bytes, kind: type[T]) -> T:
+    """Lenient decode: unknown fields are ignored. Raises msgspec.ValidationError
+    or msgspec.DecodeError on a message that is not a ``kind``."""
+    return decoder_for(kind).decode(data)
+
+
+def decode_strict(data: bytes, kind: type[T]) -> T:
+    """Decode and refuse any field the schema does not know (schema drift)."""
+    value = decode(data, kind)
+    raw = msgspec.json.decode(data)
+    known = msgspec.to_builtins(value)
+    unknown = _unknown_keys(raw, known, path="$")
+    if unknown:
+        raise msgspec.ValidationError(f"unknown fields: {', '.join(unknown)}")
+    return value
+
+
+def _unknown_keys(raw: Any, known: Any, *, path: str) -> list[str]:
+    if isinstance(raw, dict) and isinstance(known, dict):
+        out: list[str] = []
+        for key, value in raw.items():
+            if key not in known:
+                # A field equal to its default is omitted by nothing; a key the
+                # struct does not define never appears in to_builtins output.
+                out.append(f"{path}.{key}")
+            else:
+                out.extend(_unknown_keys(value, known[key], path=f"{path}.{key}"))
+        return out
+    if isinstance(raw, list) and isinstance(known, list):
+        out = []
+        for i, (a, b) in enumerate(zip(raw, known, strict=False)):
+            out.extend(_unknown_keys(a, b, path=f"{path}[{i}]"))
+        return out
+    return []

@@ -1,0 +1,183 @@
+"""Settings: one typed, grouped object, decoded once at start.
+
+Sources, later wins: defaults, a YAML file (``HCS_CONFIG`` or ``--config``;
+decoded strictly, unknown keys are an error), then environment variables
+``HCS_<GROUP>__<FIELD>`` (e.g. ``HCS_BUS__URL``). ``NATS_URL`` is honoured for
+``bus.url``. Every field carries its unit in its name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from hcs_bus.errors import ConfigError
+
+
+class _Group(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class BusSettings(_Group):
+    url: str = "nats://127.0.0.1:4222"
+    name: str = "hcs"
+    creds_file: str | None = None
+    nkey_seed_file: str | None = None
+    user: str | None = None
+    password: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    replicas: int = 1
+    connect_timeout_s: float = 2.0
+    ping_interval_s: float = 20.0
+    reconnect_wait_s: float = 2.0
+    reconnect_jitter_s: float = 1.0
+    health_max_age_s: float = 7 * 24 * 3600.0
+    health_max_per_node: int = 10_000
+    alloc_max_age_s: float = 30 * 24 * 3600.0
+
+
+class TelemetrySettings(_Group):
+    log_level: str = "info"
+    log_format: Literal["json", "console"] = "json"
+    service_name: str = "hcs"
+    otlp_endpoint: str | None = None
+    metrics_port: int | None = None
+
+
+class KubeSettings(_Group):
+    """``mode``: ``auto`` (in-cluster, then kubeconfig, else none), ``none``."""
+
+    mode: Literal["auto", "none", "kubeconfig", "incluster"] = "auto"
+    kubeconfig: str | None = None
+    context: str | None = None
+    request_timeout_s: float = 5.0
+
+
+class AgentSettings(_Group):
+    node_name: str | None = None
+    report_interval_s: float = 10.0
+    buffer_max_events: int = 10_000
+    vendor_tool_timeout_s: float = 5.0
+    measure_acu: bool = True
+    fleet_file: str | None = None
+
+
+class SchedulerSettings(_Group):
+    extender_host: str = "127.0.0.1"
+    extender_port: int = 8888
+    stale_after_s: float = 35.0
+    quota_file: str | None = None
+    replica_id: str = ""
+    weight_binpack: float = 1.0
+    weight_health: float = 1.0
+    weight_job_affinity: float = 1.0
+    weight_right_size: float = 1.0
+    weight_topology: float = 1.0
+
+
+class InjectorSettings(_Group):
+    host: str = "127.0.0.1"
+    port: int = 8443
+    cert_file: str | None = None
+    key_file: str | None = None
+    plan_timeout_s: float = 2.0
+    failure_policy: Literal["fail-closed", "fail-open"] = "fail-closed"
+    scheduler_name: str = "hcs-scheduler"
+    interceptor_host_path: str = "/usr/local/hcs/lib"
+    max_body_bytes: int = 3 * 1024 * 1024
+    service_accounts: tuple[str, ...] = (
+        "system:serviceaccount:hcs-system:hcs-scheduler",
+        "system:serviceaccount:hcs-system:hcs-injector",
+        "system:serviceaccount:hcs-system:hcs-healer",
+    )
+
+
+class HealerSettings(_Group):
+    dry_run: bool = False
+    breaker_max_fraction: float = 0.10
+    breaker_window_s: float = 600.0
+    degraded_window_s: float = 60.0
+    recovery_window_s: float = 300.0
+    checkpoint_wait_s: float = 120.0
+    lease_name: str = "hcs-healer"
+    lease_namespace: str = "hcs-system"
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+
+class Settings(_Group):
+    bus: BusSettings = BusSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    kube: KubeSettings = KubeSettings()
+    agent: AgentSettings = AgentSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    injector: InjectorSettings = InjectorSettings()
+    healer: HealerSettings = HealerSettings()
+
+
+ENV_PREFIX = "HCS_"
+
+
+def load(
+    *, path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Defaults ← YAML file ← environment. Raises ConfigError naming the field."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    path = path or env.get("HCS_CONFIG")
+    if path:
+        raw = _read_yaml(Path(path))
+    _overlay_env(raw, env)
+    try:
+        return msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid settings: {exc}") from exc
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read settings file {path}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"settings file {path}: top level must be a mapping")
+    return data
+
+
+def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    if "NATS_URL" in env:
+        raw.setdefault("bus", {})["url"] = env["NATS_URL"]
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        group, _, field = key[len(ENV_PREFIX) :].lower().partition("__")
+        if group not in Settings.__struct_fields__:
+            continue
+        raw.setdefault(group, {})[field] = _env_value(value)
+
+
+def _env_value(value: str) -> Any:
+    if "," in value:
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def replace(settings: Settings, **groups: Mapping[str, Any]) -> Settings:
+    """A copy with some fields of some groups changed (for flags and tests)."""
+    raw = msgspec.to_builtins(settings)
+    for group, fields in groups.items():
+        raw[group].update(fields)
+    try:
+        return msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid settings: {exc}") from exc

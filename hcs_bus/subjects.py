@@ -1,0 +1,92 @@
+"""Subject builders and parsers (DESIGN §1).
+
+A Kubernetes node name becomes one subject token by replacing ``.`` with
+``_``; node names never contain ``_`` so the mapping is reversible.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+FP_PREFIX: Final = "hcs.fp."
+HEALTH_PREFIX: Final = "hcs.health."
+ALLOC_PREFIX: Final = "hcs.alloc."
+CKPT_PREFIX: Final = "hcs.ckpt."
+CKPT_REQUEST_PREFIX: Final = "hcs.ckpt.request."
+DLQ_PREFIX: Final = "hcs.dlq."
+PLACE: Final = "hcs.place"
+RELEASE: Final = "hcs.release"
+PLACE_QUEUE: Final = "hcs-scheduler"
+
+FP_ALL: Final = "hcs.fp.*"
+HEALTH_ALL: Final = "hcs.health.*"
+ALLOC_ALL: Final = "hcs.alloc.*"
+DLQ_ALL: Final = "hcs.dlq.>"
+
+_FORBIDDEN = set(" \t\r\n*>")
+
+
+class SubjectError(ValueError):
+    """A name that cannot become, or a subject that is not, an HCS subject."""
+
+
+def node_token(node: str) -> str:
+    if not node or "_" in node or _FORBIDDEN & set(node):
+        raise SubjectError(f"node name {node!r} cannot be a subject token")
+    return node.replace(".", "_")
+
+
+def node_from_token(token: str) -> str:
+    if not token or "." in token:
+        raise SubjectError(f"{token!r} is not a node token")
+    return token.replace("_", ".")
+
+
+def _plain_token(name: str, *, what: str) -> str:
+    if not name or "." in name or _FORBIDDEN & set(name):
+        raise SubjectError(f"{what} {name!r} cannot be a subject token")
+    return name
+
+
+def fp(node: str) -> str:
+    return FP_PREFIX + node_token(node)
+
+
+def health(node: str) -> str:
+    return HEALTH_PREFIX + node_token(node)
+
+
+def alloc(node: str) -> str:
+    return ALLOC_PREFIX + node_token(node)
+
+
+def ckpt(namespace: str, job: str) -> str:
+    ns = _plain_token(namespace, what="namespace")
+    return f"{CKPT_PREFIX}{ns}.{_plain_token(job, what='job')}"
+
+
+def ckpt_request(namespace: str, job: str) -> str:
+    ns = _plain_token(namespace, what="namespace")
+    return f"{CKPT_REQUEST_PREFIX}{ns}.{_plain_token(job, what='job')}"
+
+
+def ckpt_key(namespace: str, job: str) -> str:
+    """Key of a job's latest checkpoint in KV ``hcs_ckpt``."""
+    return f"{_plain_token(namespace, what='namespace')}.{_plain_token(job, what='job')}"
+
+
+def alloc_key(node: str) -> str:
+    """Key of a node's reservations in KV ``hcs_alloc``."""
+    return node_token(node)
+
+
+def dlq(subject: str) -> str:
+    return DLQ_PREFIX + subject
+
+
+def node_of(subject: str) -> str:
+    """The node a per-node subject (fp, health, alloc) is about."""
+    for prefix in (FP_PREFIX, HEALTH_PREFIX, ALLOC_PREFIX):
+        if subject.startswith(prefix):
+            return node_from_token(subject[len(prefix) :])
+    raise SubjectError(f"{subject!r} is not a per-node HCS subject")

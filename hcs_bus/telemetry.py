@@ -1,0 +1,84 @@
+"""The one place that configures structlog and OpenTelemetry.
+
+Logs: structlog with contextvars, JSON lines (or console for humans).
+Traces: an OpenTelemetry TracerProvider; W3C ``traceparent`` travels in NATS
+headers through ``hcs_bus.bus`` only. Metrics: an OpenTelemetry MeterProvider
+exported to Prometheus (``metrics_text()`` serves ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+from opentelemetry import metrics, trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.propagate import extract, inject
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import REGISTRY, generate_latest
+
+from hcs_bus.settings import TelemetrySettings
+
+_configured = False
+
+
+def configure(settings: TelemetrySettings, *, service: str | None = None) -> None:
+    """Configure logging, tracing and metrics once per process."""
+    global _configured
+    level = logging.getLevelNamesMapping().get(settings.log_level.upper(), logging.INFO)
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if settings.log_format == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    if _configured:
+        return
+    _configured = True
+    resource = Resource.create({"service.name": service or settings.service_name})
+    trace.set_tracer_provider(TracerProvider(resource=resource))
+    metrics.set_meter_provider(
+        MeterProvider(resource=resource, metric_readers=[PrometheusMetricReader()])
+    )
+
+
+def logger(name: str) -> Any:
+    return structlog.get_logger(name)
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def meter(name: str) -> metrics.Meter:
+    return metrics.get_meter(name)
+
+
+def inject_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Add the current span's W3C ``traceparent`` (and ``tracestate``)."""
+    inject(headers)
+    return headers
+
+
+def extract_context(headers: dict[str, str] | None) -> Any:
+    return extract(headers or {})
+
+
+def metrics_text() -> bytes:
+    """Prometheus exposition of every metric of this process."""
+    return generate_latest(REGISTRY)

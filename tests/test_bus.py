@@ -1,0 +1,100 @@
+"""The bus wrapper against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from hcs_bus import messages, subjects
+from hcs_bus.bus import Bus, Consumer, Delivery, last_per_subject
+from hcs_bus.messages import HealthEvent
+from hcs_bus.streams import HEALTH
+
+
+def _event(node: str, code: int) -> HealthEvent:
+    return HealthEvent(
+        node=node, kind="xid", severity="fatal", source="probe", time_s=float(code), code=code
+    )
+
+
+async def test_a_retried_publish_with_the_same_id_is_stored_once(bus: Bus) -> None:
+    seq1 = await bus.publish(subjects.health("n1"), _event("n1", 79), msg_id="n1:b:1")
+    seq2 = await bus.publish(subjects.health("n1"), _event("n1", 79), msg_id="n1:b:1")
+    assert seq1 == seq2
+    info = await bus.js.stream_info(HEALTH)
+    assert info.state.messages == 1
+
+
+async def test_publish_carries_a_w3c_traceparent(bus: Bus) -> None:
+    from hcs_bus.telemetry import tracer
+
+    with tracer("test").start_as_current_span("admission"):
+        await bus.publish(subjects.health("n1"), _event("n1", 1), msg_id="tp:1")
+    msg = await bus.js.get_last_msg(HEALTH, subjects.health("n1"))
+    assert msg.headers is not None
+    traceparent = msg.headers.get("traceparent", "")
+    assert traceparent.startswith("00-") and len(traceparent.split("-")) == 4
+
+
+async def test_an_undecodable_message_goes_to_the_dlq_and_the_consumer_goes_on(
+    bus: Bus,
+) -> None:
+    await bus.js.publish(subjects.health("n1"), b"{not json", headers={"Nats-Msg-Id": "bad"})
+    await bus.publish(subjects.health("n1"), _event("n1", 48), msg_id="good")
+    got: list[Delivery[HealthEvent]] = []
+
+    async def handle(items: list[Delivery[HealthEvent]]) -> None:
+        got.extend(items)
+
+    consumer = Consumer(bus, stream=HEALTH, kind=HealthEvent, handle=handle, durable="t-dlq")
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(5):
+            while not got:
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert [d.value.code for d in got] == [48]
+    assert consumer.dead == 1
+    dead = await bus.js.get_last_msg("HCS_DLQ", subjects.dlq(subjects.health("n1")))
+    assert dead.data == b"{not json"
+    assert dead.headers and dead.headers["Hcs-Origin-Subject"] == subjects.health("n1")
+
+
+async def test_last_per_subject_replays_the_latest_of_every_node(bus: Bus) -> None:
+    for node in ("a", "b"):
+        for code in (1, 2, 3):
+            await bus.publish(subjects.health(node), _event(node, code), msg_id=f"{node}{code}")
+    items, dead = await last_per_subject(
+        bus, stream=HEALTH, subject=subjects.HEALTH_ALL, kind=HealthEvent
+    )
+    assert dead == 0
+    assert sorted((d.value.node, d.value.code) for d in items) == [("a", 3), ("b", 3)]
+
+
+async def test_request_reply_answers_from_a_queue_group(bus: Bus) -> None:
+    async def answer(req: messages.PlanRequest) -> messages.Plan:
+        return messages.Plan(ok=True, vendor="nvidia", reason=req.namespace)
+
+    sub = await bus.serve(
+        "t.place",
+        messages.PlanRequest,
+        answer,
+        queue="q",
+        on_bad=lambda why: messages.Plan(ok=False, reason=why),
+    )
+    try:
+        plan = await bus.request(
+            "t.place",
+            messages.PlanRequest(namespace="ml", requests=messages.Requests(vram_mib=1)),
+            messages.Plan,
+            timeout_s=1.0,
+        )
+        assert plan.ok and plan.reason == "ml"
+        bad = await bus.nc.request("t.place", b"garbage", timeout=1.0)
+        reply = msgspec.json.decode(bad.data)
+        assert reply["ok"] is False and "bad request" in reply["reason"]
+    finally:
+        await sub.unsubscribe()
