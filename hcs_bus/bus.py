@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import signal
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
@@ -158,9 +159,7 @@ class Bus:
         """Windowed async publish of (subject, message, msg_id); waits for all acks."""
         js = self.js
         for count, (subject, message, msg_id) in enumerate(items, start=1):
-            await js.publish_async(
-                subject, messages.encode(message), headers={MSG_ID: msg_id}
-            )
+            await js.publish_async(subject, messages.encode(message), headers={MSG_ID: msg_id})
             if count % window == 0:
                 await js.publish_async_completed()
         await js.publish_async_completed()
@@ -174,7 +173,7 @@ class Bus:
             msg = await self.nc.request(
                 subject, messages.encode(message), timeout=timeout_s, headers=headers
             )
-        except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, NatsTimeout, NoRespondersError) as exc:
             raise BusTimeout(f"no answer on {subject} within {timeout_s}s") from exc
         try:
             return messages.decode(msg.data, reply)
@@ -201,9 +200,7 @@ class Bus:
                 _log.warning("bad_request", subject=subject, error=str(exc))
                 await msg.respond(messages.encode(on_bad(f"bad request: {exc}")))
                 return
-            with _tracer.start_as_current_span(
-                subject, context=extract_context(msg.headers)
-            ):
+            with _tracer.start_as_current_span(subject, context=extract_context(msg.headers)):
                 answer = await handler(value)
             await msg.respond(messages.encode(answer))
 
@@ -233,9 +230,7 @@ class Bus:
     def drain_on_sigterm(self) -> None:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(
-                signal.SIGTERM, lambda: loop.create_task(self.drain())
-            )
+            loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.drain()))
 
 
 def _url(nc: Client) -> str:
@@ -288,8 +283,10 @@ class Consumer(Generic[T]):
         max_deliver: int = 5,
         ack_wait_s: float = 30.0,
         ack_all: bool = False,
+        opt_start_time: datetime.datetime | None = None,
     ) -> None:
         self.bus = bus
+        self.opt_start_time = opt_start_time
         self.stream = stream
         self.kind = kind
         self.handle = handle
@@ -316,6 +313,7 @@ class Consumer(Generic[T]):
             ack_wait=self.ack_wait_s,
             max_ack_pending=max(2 * self.batch, 1000),
             filter_subject=self.filter_subject,
+            opt_start_time=self.opt_start_time,
             inactive_threshold=None if self.durable else 300.0,
         )
         self._sub = await self.bus.js.pull_subscribe(
@@ -329,8 +327,10 @@ class Consumer(Generic[T]):
         """Fetch → decode → handle → ack, forever. A stalled fetch is retried."""
         if self._sub is None:
             await self.start()
-        assert self._sub is not None
         while True:
+            if self._sub is None:
+                await self.start()
+                continue
             try:
                 batch = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)
             except NatsTimeout:

@@ -33,7 +33,7 @@ class _Frozen(msgspec.Struct, frozen=True, kw_only=True):
     pass
 
 
-class Link(_Frozen):
+class Link(_Frozen, frozen=True):
     """A link from one device to a peer device on the same node."""
 
     peer_index: int
@@ -42,7 +42,7 @@ class Link(_Frozen):
     peer_bus_id: str | None = None
 
 
-class Telemetry(_Frozen):
+class Telemetry(_Frozen, frozen=True):
     utilisation_pct: float = 0.0
     sm_clock_mhz: float = 0.0
     max_sm_clock_mhz: float = 0.0
@@ -59,7 +59,7 @@ class Telemetry(_Frozen):
     achieved_tflops_fp16: float | None = None
 
 
-class Compute(_Frozen):
+class Compute(_Frozen, frozen=True):
     """Compute capacity: from the profile database and, where run, measured."""
 
     acu_profile: float
@@ -72,7 +72,7 @@ class Compute(_Frozen):
         return self.acu_measured if self.acu_measured is not None else self.acu_profile
 
 
-class DeviceFingerprint(_Frozen):
+class DeviceFingerprint(_Frozen, frozen=True):
     index: int
     uuid: str
     vendor: str
@@ -91,7 +91,7 @@ class DeviceFingerprint(_Frozen):
     error: str | None = None
 
 
-class NodeFingerprint(_Frozen, tag="node_fingerprint", tag_field="type"):
+class NodeFingerprint(_Frozen, frozen=True, tag="node_fingerprint", tag_field="type"):
     """A full snapshot of one node's devices (stream HCS_FP, last per subject)."""
 
     node: str
@@ -105,7 +105,7 @@ class NodeFingerprint(_Frozen, tag="node_fingerprint", tag_field="type"):
     v: int = 1
 
 
-class HealthEvent(_Frozen, tag="health_event", tag_field="type"):
+class HealthEvent(_Frozen, frozen=True, tag="health_event", tag_field="type"):
     """A discrete health event or verdict (stream HCS_HEALTH; the alert feed).
 
     ``device`` is the device index, ``None`` for the whole node. ``kind`` is an
@@ -129,7 +129,7 @@ class HealthEvent(_Frozen, tag="health_event", tag_field="type"):
     v: int = 1
 
 
-class Requests(_Frozen):
+class Requests(_Frozen, frozen=True):
     """What a pod asks for, per pod (not per device unless named so)."""
 
     vram_mib: int = 0
@@ -140,7 +140,7 @@ class Requests(_Frozen):
     devices: int | None = None
 
 
-class Policy(_Frozen):
+class Policy(_Frozen, frozen=True):
     vendors: tuple[str, ...] = ()
     models: tuple[str, ...] = ()
     substitution: Substitution = "deny"
@@ -148,7 +148,7 @@ class Policy(_Frozen):
     topology: Topology = "any"
 
 
-class PlanRequest(_Frozen, tag="plan_request", tag_field="type"):
+class PlanRequest(_Frozen, frozen=True, tag="plan_request", tag_field="type"):
     namespace: str
     requests: Requests
     policy: Policy = Policy()
@@ -157,13 +157,13 @@ class PlanRequest(_Frozen, tag="plan_request", tag_field="type"):
     v: int = 1
 
 
-class Rejection(_Frozen):
+class Rejection(_Frozen, frozen=True):
     vendor: str
     model: str
     reason: str
 
 
-class QuotaVerdict(_Frozen):
+class QuotaVerdict(_Frozen, frozen=True):
     ok: bool = True
     reason: str = ""
     vram_mib_used: int = 0
@@ -172,7 +172,7 @@ class QuotaVerdict(_Frozen):
     acu_hard: float | None = None
 
 
-class Offer(_Frozen):
+class Offer(_Frozen, frozen=True):
     vendor: str
     model: str
     devices: int
@@ -180,7 +180,7 @@ class Offer(_Frozen):
     arithmetic: str = ""
 
 
-class Plan(_Frozen, tag="plan", tag_field="type"):
+class Plan(_Frozen, frozen=True, tag="plan", tag_field="type"):
     ok: bool
     reason: str = ""
     vendor: str = ""
@@ -198,20 +198,20 @@ class Plan(_Frozen, tag="plan", tag_field="type"):
     v: int = 1
 
 
-class DeviceSlice(_Frozen):
+class DeviceSlice(_Frozen, frozen=True):
     index: int
     uuid: str
     vram_mib: int
     whole: bool = False
 
 
-class PodRef(_Frozen):
+class PodRef(_Frozen, frozen=True):
     namespace: str
     name: str
     uid: str = ""
 
 
-class AllocationEvent(_Frozen, tag="allocation_event", tag_field="type"):
+class AllocationEvent(_Frozen, frozen=True, tag="allocation_event", tag_field="type"):
     node: str
     pod: PodRef
     state: AllocState
@@ -226,7 +226,30 @@ class AllocationEvent(_Frozen, tag="allocation_event", tag_field="type"):
     v: int = 1
 
 
-class ReleaseRequest(_Frozen, tag="release_request", tag_field="type"):
+class Reservation(_Frozen, frozen=True):
+    """One pod's devices on a node, as stored in KV ``hcs_alloc``."""
+
+    pod: PodRef
+    devices: tuple[DeviceSlice, ...]
+    state: AllocState
+    time_s: float
+    vendor: str = ""
+    model: str = ""
+    acu: float = 0.0
+    job: str | None = None
+    priority: int = 0
+
+
+class NodeReservations(_Frozen, frozen=True, tag="node_reservations", tag_field="type"):
+    """The value under a node's key in KV ``hcs_alloc`` (written with
+    compare-and-set on the revision; the key's history is the audit)."""
+
+    node: str
+    reservations: tuple[Reservation, ...] = ()
+    v: int = 1
+
+
+class ReleaseRequest(_Frozen, frozen=True, tag="release_request", tag_field="type"):
     """An explicit release of a pod's devices (core subject ``hcs.release``)."""
 
     pod: PodRef
@@ -234,7 +257,7 @@ class ReleaseRequest(_Frozen, tag="release_request", tag_field="type"):
     v: int = 1
 
 
-class CheckpointEvent(_Frozen, tag="checkpoint_event", tag_field="type"):
+class CheckpointEvent(_Frozen, frozen=True, tag="checkpoint_event", tag_field="type"):
     namespace: str
     job: str
     uri: str
@@ -245,7 +268,7 @@ class CheckpointEvent(_Frozen, tag="checkpoint_event", tag_field="type"):
     v: int = 1
 
 
-class CheckpointRequest(_Frozen, tag="checkpoint_request", tag_field="type"):
+class CheckpointRequest(_Frozen, frozen=True, tag="checkpoint_request", tag_field="type"):
     namespace: str
     job: str
     reason: str
@@ -260,6 +283,7 @@ Message = (
     | PlanRequest
     | Plan
     | AllocationEvent
+    | NodeReservations
     | ReleaseRequest
     | CheckpointEvent
     | CheckpointRequest
@@ -270,6 +294,7 @@ ALL_MESSAGES: tuple[type[Any], ...] = (
     PlanRequest,
     Plan,
     AllocationEvent,
+    NodeReservations,
     ReleaseRequest,
     CheckpointEvent,
     CheckpointRequest,

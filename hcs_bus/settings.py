@@ -23,7 +23,7 @@ class _Group(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     pass
 
 
-class BusSettings(_Group):
+class BusSettings(_Group, frozen=True, forbid_unknown_fields=True):
     url: str = "nats://127.0.0.1:4222"
     name: str = "hcs"
     creds_file: str | None = None
@@ -43,7 +43,7 @@ class BusSettings(_Group):
     alloc_max_age_s: float = 30 * 24 * 3600.0
 
 
-class TelemetrySettings(_Group):
+class TelemetrySettings(_Group, frozen=True, forbid_unknown_fields=True):
     log_level: str = "info"
     log_format: Literal["json", "console"] = "json"
     service_name: str = "hcs"
@@ -51,7 +51,7 @@ class TelemetrySettings(_Group):
     metrics_port: int | None = None
 
 
-class KubeSettings(_Group):
+class KubeSettings(_Group, frozen=True, forbid_unknown_fields=True):
     """``mode``: ``auto`` (in-cluster, then kubeconfig, else none), ``none``."""
 
     mode: Literal["auto", "none", "kubeconfig", "incluster"] = "auto"
@@ -60,7 +60,7 @@ class KubeSettings(_Group):
     request_timeout_s: float = 5.0
 
 
-class AgentSettings(_Group):
+class AgentSettings(_Group, frozen=True, forbid_unknown_fields=True):
     node_name: str | None = None
     report_interval_s: float = 10.0
     buffer_max_events: int = 10_000
@@ -69,7 +69,7 @@ class AgentSettings(_Group):
     fleet_file: str | None = None
 
 
-class SchedulerSettings(_Group):
+class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     extender_host: str = "127.0.0.1"
     extender_port: int = 8888
     stale_after_s: float = 35.0
@@ -82,7 +82,7 @@ class SchedulerSettings(_Group):
     weight_topology: float = 1.0
 
 
-class InjectorSettings(_Group):
+class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: int = 8443
     cert_file: str | None = None
@@ -99,7 +99,7 @@ class InjectorSettings(_Group):
     )
 
 
-class HealerSettings(_Group):
+class HealerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     dry_run: bool = False
     breaker_max_fraction: float = 0.10
     breaker_window_s: float = 600.0
@@ -113,7 +113,7 @@ class HealerSettings(_Group):
     retry_period_s: float = 2.0
 
 
-class Settings(_Group):
+class Settings(_Group, frozen=True, forbid_unknown_fields=True):
     bus: BusSettings = BusSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     kube: KubeSettings = KubeSettings()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from nats.js.api import (
     DiscardPolicy,
@@ -31,7 +32,7 @@ _log = logger("hcs.streams")
 
 def stream_configs(settings: BusSettings) -> list[StreamConfig]:
     r = settings.replicas
-    common = {
+    common: dict[str, Any] = {
         "retention": RetentionPolicy.LIMITS,
         "storage": StorageType.FILE,
         "num_replicas": r,

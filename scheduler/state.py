@@ -1,0 +1,227 @@
+"""The cluster view: pure state derived from fingerprints, verdicts and
+reservations. No I/O, no clock reads (``now`` is passed in).
+
+* Fingerprints are applied in order per node: a message whose ``seq`` is not
+  newer than the one held (same agent boot) is stale and ignored; a new boot
+  is accepted when its time is not older than the one held.
+* Verdicts come from the healer (``HealthEvent`` source ``healer``, kind
+  ``verdict``); they override a device's health and may isolate it.
+* Reservations are the KV ``hcs_alloc`` documents; free VRAM is always
+  ``total − reserved`` (never the agent's physical reading, which already
+  contains what HCS handed out).
+* A node whose fingerprints stop for ``stale_after_s`` is stale: kept in the
+  view (for ``hcs top``) but not schedulable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from hcs_bus.messages import (
+    DeviceFingerprint,
+    HealthEvent,
+    NodeFingerprint,
+    NodeReservations,
+    Reservation,
+    Verdict,
+)
+
+
+@dataclass(slots=True)
+class DeviceView:
+    """One device as the scheduler sees it."""
+
+    fp: DeviceFingerprint
+    reserved_mib: int = 0
+    whole_owner: str | None = None
+    slice_owners: set[str] = field(default_factory=set)
+    verdict: Verdict = "healthy"
+    health_score: int = 100
+
+    @property
+    def index(self) -> int:
+        return self.fp.index
+
+    @property
+    def free_mib(self) -> int:
+        if self.whole_owner is not None:
+            return 0
+        return max(self.fp.vram_total_mib - self.reserved_mib, 0)
+
+    @property
+    def usable(self) -> bool:
+        """Healthy enough to place on: not failed, no detector error."""
+        return self.verdict != "failed" and self.fp.error is None
+
+    @property
+    def idle(self) -> bool:
+        return self.whole_owner is None and not self.slice_owners
+
+
+@dataclass(slots=True)
+class NodeView:
+    name: str
+    fingerprint: NodeFingerprint
+    seen_at: float
+    devices: dict[int, DeviceView]
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    stale: bool = False
+    verdict: Verdict = "healthy"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.fingerprint.labels
+
+    @property
+    def schedulable(self) -> bool:
+        return not self.stale and self.verdict != "failed"
+
+    def models(self) -> set[str]:
+        return {f"{d.fp.vendor}/{d.fp.model}" for d in self.devices.values()}
+
+
+def pod_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+class ClusterState:
+    """Everything the scheduler knows, rebuilt from the bus at start."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeView] = {}
+        self._verdicts: dict[tuple[str, int | None], tuple[Verdict, int]] = {}
+        self._reservations: dict[str, NodeReservations] = {}
+        self.stale_ignored = 0
+
+    # -- applying ---------------------------------------------------------
+    def apply_fingerprint(self, fp: NodeFingerprint, *, now: float) -> bool:
+        """Apply a snapshot; False (and counted) when it is older than held."""
+        held = self.nodes.get(fp.node)
+        if held is not None and not _newer(fp, held.fingerprint):
+            self.stale_ignored += 1
+            return False
+        node = NodeView(
+            name=fp.node,
+            fingerprint=fp,
+            seen_at=now,
+            devices={d.index: DeviceView(fp=d, health_score=d.health_score) for d in fp.devices},
+        )
+        if held is not None:
+            node.verdict = held.verdict
+        self.nodes[fp.node] = node
+        self._restore_verdicts(node)
+        reservations = self._reservations.get(fp.node)
+        if reservations is not None:
+            _book(node, reservations)
+        return True
+
+    def apply_health(self, event: HealthEvent) -> bool:
+        """Apply a healer verdict; other events do not change the view."""
+        if event.source != "healer" or event.kind != "verdict" or event.verdict is None:
+            return False
+        score = event.health_score if event.health_score is not None else _score(event.verdict)
+        self._verdicts[(event.node, event.device)] = (event.verdict, score)
+        node = self.nodes.get(event.node)
+        if node is not None:
+            _apply_verdict(node, event.device, event.verdict, score)
+        return True
+
+    def apply_reservations(self, node_name: str, doc: NodeReservations | None) -> None:
+        """Replace a node's reservations with the KV document (None = deleted)."""
+        if doc is None:
+            self._reservations.pop(node_name, None)
+        else:
+            self._reservations[node_name] = doc
+        node = self.nodes.get(node_name)
+        if node is not None:
+            _book(node, doc)
+
+    def mark_stale(self, *, now: float, stale_after_s: float) -> list[str]:
+        """Mark nodes silent for ``stale_after_s``; returns the newly stale."""
+        newly: list[str] = []
+        for node in self.nodes.values():
+            is_stale = now - node.seen_at > stale_after_s
+            if is_stale and not node.stale:
+                newly.append(node.name)
+            node.stale = is_stale
+        return newly
+
+    # -- reading ----------------------------------------------------------
+    def schedulable(self) -> Iterator[NodeView]:
+        return (n for n in self.nodes.values() if n.schedulable)
+
+    def reservations_of(self, node_name: str) -> NodeReservations | None:
+        return self._reservations.get(node_name)
+
+    def find_pod(self, key: str) -> tuple[str, Reservation] | None:
+        for node in self.nodes.values():
+            found = node.reservations.get(key)
+            if found is not None:
+                return node.name, found
+        return None
+
+    def _restore_verdicts(self, node: NodeView) -> None:
+        for (name, index), (verdict, score) in self._verdicts.items():
+            if name == node.name:
+                _apply_verdict(node, index, verdict, score)
+
+
+def _newer(fp: NodeFingerprint, held: NodeFingerprint) -> bool:
+    if fp.boot_id == held.boot_id:
+        return fp.seq > held.seq
+    return fp.time_s >= held.time_s
+
+
+def _score(verdict: Verdict) -> int:
+    return {"healthy": 100, "degraded": 60, "failed": 0}[verdict]
+
+
+def _apply_verdict(node: NodeView, index: int | None, verdict: Verdict, score: int) -> None:
+    if index is None:
+        node.verdict = verdict
+        return
+    device = node.devices.get(index)
+    if device is not None:
+        device.verdict = verdict
+        device.health_score = min(score, device.fp.health_score)
+
+
+def _book(node: NodeView, doc: NodeReservations | None) -> None:
+    for device in node.devices.values():
+        device.reserved_mib = 0
+        device.whole_owner = None
+        device.slice_owners = set()
+    node.reservations = {}
+    if doc is None:
+        return
+    for reservation in doc.reservations:
+        if reservation.state not in ("reserved", "bound"):
+            continue
+        key = pod_key(reservation.pod.namespace, reservation.pod.name)
+        node.reservations[key] = reservation
+        for slice_ in reservation.devices:
+            held = node.devices.get(slice_.index)
+            if held is None:
+                continue
+            device = held
+            device.reserved_mib += slice_.vram_mib
+            if slice_.whole:
+                device.whole_owner = key
+            else:
+                device.slice_owners.add(key)
+
+
+def fleet_totals(nodes: Iterable[NodeView]) -> dict[str, float]:
+    """Devices, VRAM and ACU totals over nodes (for ``hcs top``)."""
+    totals = {"nodes": 0.0, "devices": 0.0, "vram_total_mib": 0.0, "vram_free_mib": 0.0}
+    totals |= {"acu": 0.0, "unhealthy_devices": 0.0}
+    for node in nodes:
+        totals["nodes"] += 1
+        for device in node.devices.values():
+            totals["devices"] += 1
+            totals["vram_total_mib"] += device.fp.vram_total_mib
+            totals["vram_free_mib"] += device.free_mib
+            totals["acu"] += device.fp.compute.acu
+            totals["unhealthy_devices"] += device.verdict != "healthy"
+    return totals

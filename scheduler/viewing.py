@@ -1,0 +1,175 @@
+"""Keeps a replica's ``ClusterState`` in step with the bus.
+
+At start each replica replays, for itself (ephemeral consumers, DESIGN §1):
+the latest fingerprint of every node (``HCS_FP``, last per subject), recent
+health events (``HCS_HEALTH`` from ``now − health_replay_s``), and every
+node's reservations (KV ``hcs_alloc`` watch). The same consumers then carry
+on live. ``ready`` is set only when all three have caught up; a watchdog
+marks nodes stale when their fingerprints stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from nats.js.api import DeliverPolicy
+from nats.js.kv import KeyValue
+
+from hcs_bus import messages, streams, subjects, tasks
+from hcs_bus.bus import Bus, Consumer, Delivery
+from hcs_bus.messages import HealthEvent, NodeFingerprint, NodeReservations
+from hcs_bus.settings import SchedulerSettings
+from hcs_bus.telemetry import logger, meter
+from scheduler.state import ClusterState
+
+_log = logger("hcs.scheduler.view")
+_meter = meter("hcs.scheduler")
+APPLIED = _meter.create_counter("hcs_view_applied", description="bus messages applied to the view")
+
+
+class ClusterView:
+    """A ClusterState fed from the bus. ``state`` may be read at any time."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        settings: SchedulerSettings,
+        state: ClusterState | None = None,
+        health_replay_s: float = 24 * 3600.0,
+        batch: int = 1000,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.state = state or ClusterState()
+        self.health_replay_s = health_replay_s
+        self.batch = batch
+        self.ready = asyncio.Event()
+        self.applied = 0
+        self.listeners: list[Callable[[str], None]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._kv_ready = asyncio.Event()
+        self._fp: Consumer[NodeFingerprint] | None = None
+        self._health: Consumer[HealthEvent] | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._fp = Consumer(
+            self.bus,
+            stream=streams.FP,
+            kind=NodeFingerprint,
+            handle=self._on_fingerprints,
+            filter_subject=subjects.FP_ALL,
+            deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            batch=self.batch,
+            ack_all=True,
+        )
+        self._health = Consumer(
+            self.bus,
+            stream=streams.HEALTH,
+            kind=HealthEvent,
+            handle=self._on_health,
+            filter_subject=subjects.HEALTH_ALL,
+            deliver=DeliverPolicy.BY_START_TIME,
+            batch=self.batch,
+            ack_all=True,
+        )
+        await self._fp.start()
+        await self._health_start(self._health)
+        kv = await self.bus.js.key_value(streams.KV_ALLOC)
+        self._tasks = [
+            tasks.start(self._fp.run(), name="view:fp"),
+            tasks.start(self._health.run(), name="view:health"),
+            tasks.start(self._watch_reservations(kv), name="view:alloc"),
+            tasks.start(self._watch_staleness(), name="view:stale"),
+            tasks.start(self._wait_caught_up(loop.time()), name="view:ready"),
+        ]
+
+    async def _health_start(self, consumer: Consumer[HealthEvent]) -> None:
+        # Verdicts older than the replay window have been superseded by the
+        # healer's later ones (it republishes on every change).
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=self.health_replay_s)
+        consumer.opt_start_time = since
+        await consumer.start()
+
+    async def stop(self) -> None:
+        await tasks.stop(*self._tasks)
+        self._tasks = []
+
+    async def wait_ready(self, *, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            await self.ready.wait()
+
+    # -- handlers ---------------------------------------------------------
+    async def _on_fingerprints(self, items: list[Delivery[NodeFingerprint]]) -> None:
+        now = asyncio.get_running_loop().time()
+        apply = self.state.apply_fingerprint
+        for item in items:
+            if apply(item.value, now=now):
+                self._changed(item.value.node)
+        self.applied += len(items)
+        APPLIED.add(len(items), {"stream": streams.FP})
+
+    async def _on_health(self, items: list[Delivery[HealthEvent]]) -> None:
+        apply = self.state.apply_health
+        for item in items:
+            if apply(item.value):
+                self._changed(item.value.node)
+        self.applied += len(items)
+        APPLIED.add(len(items), {"stream": streams.HEALTH})
+
+    async def _watch_reservations(self, kv: KeyValue) -> None:
+        watcher = await kv.watchall()
+        try:
+            await self._follow(watcher)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+        decode = messages.decoder_for(NodeReservations).decode
+        async for entry in watcher:
+            if entry is None:
+                self._kv_ready.set()
+                continue
+            node = subjects.node_from_token(entry.key)
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                self.state.apply_reservations(node, None)
+            else:
+                try:
+                    self.state.apply_reservations(node, decode(entry.value))
+                except msgspec.MsgspecError as exc:
+                    _log.error("bad_reservation_doc", node=node, rev=entry.revision, error=str(exc))
+                    continue
+            self._changed(node)
+
+    async def _watch_staleness(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = max(self.settings.stale_after_s / 5, 0.05)
+        while True:
+            await asyncio.sleep(period)
+            for node in self.state.mark_stale(
+                now=loop.time(), stale_after_s=self.settings.stale_after_s
+            ):
+                _log.warning("node_stale", node=node, after_s=self.settings.stale_after_s)
+                self._changed(node)
+
+    async def _wait_caught_up(self, started: float) -> None:
+        assert self._fp is not None and self._health is not None
+        await self._fp.caught_up.wait()
+        await self._health.caught_up.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await self._kv_ready.wait()
+        self.ready.set()
+        took = asyncio.get_running_loop().time() - started
+        _log.info("view_ready", nodes=len(self.state.nodes), replay_s=round(took, 3))
+
+    def _changed(self, node: str) -> None:
+        for listener in self.listeners:
+            listener(node)
