@@ -1,0 +1,1 @@
+"""Package data: profiles.yaml (the device profile database)."""
