@@ -1,0 +1,478 @@
+"""The one Kubernetes adapter (kubernetes-asyncio), handing plain JSON dicts.
+
+Every call of every method is listed in ``API_CALLS`` (group, resource,
+verbs), from which the deploy tests derive RBAC rules; a test checks the table
+against what the API double saw. Errors are the ``hcs_bus.errors`` Kube*
+types. Wire facts (DESIGN §6): extended resources by JSON Patch on
+``nodes/<n>/status``; taints read-modify-write with ``resourceVersion``
+(strategic merge replaces the list), retried on 409; node conditions by
+strategic merge on ``/status`` (merged by ``type``); Binding with annotations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio.client import (
+    ApiClient,
+    CoordinationV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+)
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
+
+from hcs_bus.errors import KubeConflict, KubeError, KubeInvalid, KubeNotFound, KubeUnavailable
+from hcs_bus.kubecalls import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    call,
+    configuration_for_url,
+    load_configuration,
+    status_error,
+)
+from hcs_bus.settings import KubeSettings
+from hcs_bus.telemetry import logger
+
+_log = logger("hcs.kube")
+
+CRD_GROUP = "hcs.io"
+CRD_VERSION = "v1alpha1"
+VRAM_RESOURCE = "ai.compute/vram"
+TAINT_RETRIES = 5
+WATCH_TIMEOUT_S = 290  # server-side timeoutSeconds; we reconnect from the last resourceVersion
+WATCH_BACKOFF_MAX_S = 10.0
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One RBAC-relevant request: API group ("" = core), resource[/subresource], verbs."""
+
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+
+
+_COORD = "coordination.k8s.io"
+API_CALLS: dict[str, tuple[ApiCall, ...]] = {
+    "get_node": (ApiCall("", "nodes", ("get",)),),
+    "patch_node_labels": (ApiCall("", "nodes", ("patch",)),),
+    "patch_node_capacity": (ApiCall("", "nodes/status", ("patch",)),),
+    "update_node_taints": (ApiCall("", "nodes", ("get", "patch")),),
+    "patch_node_condition": (ApiCall("", "nodes/status", ("patch",)),),
+    "evict_pod": (ApiCall("", "pods/eviction", ("create",)),),
+    "bind_pod": (ApiCall("", "pods/binding", ("create",)),),
+    "get_pod": (ApiCall("", "pods", ("get",)),),
+    "list_pods": (ApiCall("", "pods", ("list",)),),
+    "watch_pods": (ApiCall("", "pods", ("list", "watch")),),
+    "get_lease": (ApiCall(_COORD, "leases", ("get",)),),
+    "create_lease": (ApiCall(_COORD, "leases", ("create",)),),
+    "replace_lease": (ApiCall(_COORD, "leases", ("update",)),),
+    "list_compute_quotas": (ApiCall(CRD_GROUP, "computequotas", ("list",)),),
+    "patch_compute_node_status": (
+        ApiCall(CRD_GROUP, "computenodes/status", ("patch",)),
+        ApiCall(CRD_GROUP, "computenodes", ("create",)),
+    ),
+    "close": (),
+}
+
+
+async def connect(settings: KubeSettings) -> Kube | None:
+    """A client for the configured cluster, or None (logged once) when there is none."""
+    cfg = await load_configuration(settings)
+    if cfg is None:
+        _log.info("kube_not_configured", mode=settings.mode, note="no cluster configured")
+        return None
+    _log.info("kube_connected", host=cfg.host, mode=settings.mode)
+    return Kube(ApiClient(cfg), timeout_s=settings.request_timeout_s)
+
+
+async def connect_url(url: str, *, timeout_s: float = 5.0) -> Kube:
+    """A client for a plain-HTTP API server without auth (tests, ``kubectl proxy``)."""
+    return Kube(ApiClient(configuration_for_url(url)), timeout_s=timeout_s)
+
+
+class Kube:
+    """Plain-dict calls on the few Kubernetes endpoints HCS uses."""
+
+    def __init__(self, api: ApiClient, *, timeout_s: float) -> None:
+        self._api = api
+        self._core = CoreV1Api(api)
+        self._coord = CoordinationV1Api(api)
+        self._custom = CustomObjectsApi(api)
+        self._timeout_s = timeout_s
+
+    async def _call(self, what: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return await call(what, fn, *args, timeout_s=self._timeout_s, **kwargs)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    # -- nodes ---------------------------------------------------------------
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        node: dict[str, Any] = await self._call(f"get node {name}", self._core.read_node, name)
+        return node
+
+    async def patch_node_labels(self, name: str, labels: dict[str, str | None]) -> dict[str, Any]:
+        """Merge-patch labels; a None value removes that label, others stay."""
+        for key, value in labels.items():
+            if not isinstance(key, str) or not (value is None or isinstance(value, str)):
+                raise KubeInvalid(f"node {name} label {key!r}={value!r}: want str → str | None")
+        body = {"metadata": {"labels": labels}}
+        return await self._call(
+            f"patch labels of node {name}",
+            self._core.patch_node,
+            name,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_node_capacity(self, name: str, capacity: dict[str, int]) -> dict[str, Any]:
+        """Advertise extended resources: JSON Patch ``add`` under status.capacity
+        and status.allocatable (``/`` in a resource name escaped as ``~1``)."""
+        ops: list[dict[str, Any]] = []
+        for resource, amount in capacity.items():
+            if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+                raise KubeInvalid(f"node {name} capacity {resource}={amount!r}: want an int >= 0")
+            pointer = resource.replace("~", "~0").replace("/", "~1")
+            for field in ("capacity", "allocatable"):
+                ops.append(
+                    {"op": "add", "path": f"/status/{field}/{pointer}", "value": str(amount)}
+                )
+        return await self._call(
+            f"patch capacity of node {name}",
+            self._core.patch_node_status,
+            name,
+            ops,
+            _content_type=JSON_PATCH,
+        )
+
+    async def update_node_taints(
+        self, name: str, mutate: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Read the taints, ``mutate`` a copy, write the whole list guarded by
+        ``metadata.resourceVersion``; on 409 read again (up to TAINT_RETRIES)."""
+        for attempt in range(TAINT_RETRIES):
+            node = await self.get_node(name)
+            taints = [dict(t) for t in node.get("spec", {}).get("taints") or []]
+            wanted = mutate([dict(t) for t in taints])
+            if wanted == taints:
+                return taints
+            body = {
+                "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                "spec": {"taints": wanted},
+            }
+            try:
+                patched = await self._call(
+                    f"update taints of node {name}",
+                    self._core.patch_node,
+                    name,
+                    body,
+                    _content_type=STRATEGIC_MERGE_PATCH,
+                )
+            except KubeConflict:
+                if attempt == TAINT_RETRIES - 1:
+                    raise
+                _log.info("kube_taint_conflict", node=name, attempt=attempt + 1)
+                await asyncio.sleep(0.05 * 2**attempt * (1 + random.random()))
+                continue
+            return list(patched.get("spec", {}).get("taints") or [])
+        raise AssertionError("unreachable")
+
+    async def patch_node_condition(self, name: str, condition: dict[str, Any]) -> dict[str, Any]:
+        """Set one node condition (merged by ``type``) by strategic merge on /status."""
+        if not isinstance(condition.get("type"), str) or condition.get("status") not in (
+            "True",
+            "False",
+            "Unknown",
+        ):
+            raise KubeInvalid(f"node {name} condition {condition!r}: needs type and status")
+        return await self._call(
+            f"patch condition {condition['type']} of node {name}",
+            self._core.patch_node_status,
+            name,
+            {"status": {"conditions": [condition]}},
+            _content_type=STRATEGIC_MERGE_PATCH,
+        )
+
+    # -- pods ----------------------------------------------------------------
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        pod: dict[str, Any] = await self._call(
+            f"get pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace
+        )
+        return pod
+
+    async def list_pods(
+        self,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        pods, _ = await self._list_pods(
+            namespace=namespace, field_selector=field_selector, label_selector=label_selector
+        )
+        return pods
+
+    async def _list_pods(
+        self,
+        *,
+        namespace: str | None,
+        field_selector: str | None,
+        label_selector: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """All pages of a pod list, and the list's resourceVersion."""
+        selectors = {"field_selector": field_selector, "label_selector": label_selector}
+        query = {k: v for k, v in selectors.items() if v}
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page_args: dict[str, Any] = {"limit": 500, **query}
+            if token:
+                page_args["_continue"] = token
+            if namespace is None:
+                page = await self._call(
+                    "list pods", self._core.list_pod_for_all_namespaces, **page_args
+                )
+            else:
+                page = await self._call(
+                    f"list pods in {namespace}",
+                    self._core.list_namespaced_pod,
+                    namespace,
+                    **page_args,
+                )
+            items.extend(page.get("items") or [])
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                return items, str(page.get("metadata", {}).get("resourceVersion", ""))
+
+    async def evict_pod(
+        self, namespace: str, name: str, *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """POST a policy/v1 Eviction; KubeTooManyRequests (429) when a PDB refuses."""
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        extra: dict[str, Any] = {}
+        if dry_run:
+            body["deleteOptions"] = {"dryRun": ["All"]}
+            extra["dry_run"] = "All"
+        return await self._call(
+            f"evict pod {namespace}/{name}",
+            self._core.create_namespaced_pod_eviction,
+            name,
+            namespace,
+            body,
+            **extra,
+        )
+
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
+    ) -> dict[str, Any]:
+        """POST a v1 Binding (its annotations land on the pod); 409 if already bound."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+                "annotations": dict(annotations),
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        return await self._call(
+            f"bind pod {namespace}/{name} to {node}",
+            self._core.create_namespaced_pod_binding,
+            name,
+            namespace,
+            body,
+        )
+
+    async def watch_pods(
+        self, *, field_selector: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Yield (ADDED|MODIFIED|DELETED, pod) forever: a list first (as ADDED),
+        then a watch resumed from the last resourceVersion. On 410 Gone it lists
+        again and yields the difference to what it had seen."""
+        known: dict[tuple[str, str], dict[str, Any]] = {}
+        rv: str | None = None
+        backoff_s = 0.2
+        while True:
+            try:
+                if rv is None:
+                    pods, rv = await self._list_pods(namespace=None, field_selector=field_selector)
+                    for event in resync(known, pods):
+                        yield event
+                async for kind, pod in self._watch_from(rv, field_selector):
+                    rv = pod.get("metadata", {}).get("resourceVersion", rv)
+                    backoff_s = 0.2
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        _remember(known, kind, pod)
+                        yield kind, pod
+            except KubeError as exc:
+                if exc.status == 410:
+                    _log.info("kube_watch_expired", resource_version=rv)
+                    rv = None
+                    continue
+                if not isinstance(exc, KubeUnavailable) and (exc.status or 500) < 500:
+                    raise
+                _log.warning("kube_watch_retry", error=str(exc), delay_s=backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, WATCH_BACKOFF_MAX_S)
+
+    async def _watch_from(
+        self, rv: str, field_selector: str | None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """One watch request until the server ends it; BOOKMARKs come through too."""
+        kwargs: dict[str, Any] = {
+            "resource_version": rv,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": WATCH_TIMEOUT_S,
+            "_request_timeout": (self._timeout_s, WATCH_TIMEOUT_S + 30),
+        }
+        if field_selector:
+            kwargs["field_selector"] = field_selector
+        async with Watch(return_type="object") as watch:
+            stream = watch.stream(self._core.list_pod_for_all_namespaces, **kwargs)
+            try:
+                async for event in stream:
+                    yield str(event["type"]), event["raw_object"]
+            except ApiException as exc:
+                raise status_error("watch pods", exc) from exc
+            except (TimeoutError, OSError) as exc:
+                raise KubeUnavailable(f"watch pods: {exc!r}") from exc
+            except Exception as exc:  # aiohttp payload errors, malformed lines
+                if type(exc).__module__.startswith("aiohttp"):
+                    raise KubeUnavailable(f"watch pods: {exc!r}") from exc
+                raise
+
+    # -- leases --------------------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        lease: dict[str, Any] = await self._call(
+            f"get lease {namespace}/{name}", self._coord.read_namespaced_lease, name, namespace
+        )
+        return lease
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        lease: dict[str, Any] = await self._call(
+            f"create lease in {namespace}", self._coord.create_namespaced_lease, namespace, body
+        )
+        return lease
+
+    async def replace_lease(
+        self, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """PUT the lease; its metadata.resourceVersion must be current (else KubeConflict)."""
+        lease: dict[str, Any] = await self._call(
+            f"replace lease {namespace}/{name}",
+            self._coord.replace_namespaced_lease,
+            name,
+            namespace,
+            body,
+        )
+        return lease
+
+    # -- HCS custom resources --------------------------------------------------
+
+    async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        page = await self._call(
+            f"list computequotas in {namespace}",
+            self._custom.list_namespaced_custom_object,
+            CRD_GROUP,
+            CRD_VERSION,
+            namespace,
+            "computequotas",
+        )
+        return list(page.get("items") or [])
+
+    async def patch_compute_node_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the ComputeNode's status subresource, creating the object first
+        when it does not exist yet."""
+        try:
+            return await self._patch_compute_node_status(name, status)
+        except KubeNotFound:
+            _log.info("kube_computenode_create", name=name)
+        body = {
+            "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
+            "kind": "ComputeNode",
+            "metadata": {"name": name},
+        }
+        try:
+            await self._call(
+                f"create computenode {name}",
+                self._custom.create_cluster_custom_object,
+                CRD_GROUP,
+                CRD_VERSION,
+                "computenodes",
+                body,
+            )
+        except KubeConflict:
+            pass  # created meanwhile by someone else: patch it
+        return await self._patch_compute_node_status(name, status)
+
+    async def _patch_compute_node_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(
+            f"patch status of computenode {name}",
+            self._custom.patch_cluster_custom_object_status,
+            CRD_GROUP,
+            CRD_VERSION,
+            "computenodes",
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+        )
+
+
+def _key(pod: dict[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata", {})
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def _remember(known: dict[tuple[str, str], dict[str, Any]], kind: str, pod: dict[str, Any]) -> None:
+    if kind == "DELETED":
+        known.pop(_key(pod), None)
+    else:
+        known[_key(pod)] = pod
+
+
+def resync(
+    known: dict[tuple[str, str], dict[str, Any]], pods: list[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Events turning ``known`` into ``pods`` (a fresh list); updates ``known``."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    fresh = {_key(p): p for p in pods}
+    for key, old in list(known.items()):
+        new = fresh.get(key)
+        if new is None or _uid(new) != _uid(old):
+            events.append(("DELETED", old))
+            del known[key]
+    for key, pod in fresh.items():
+        seen = known.get(key)
+        if seen is None:
+            events.append(("ADDED", pod))
+        elif _rv(seen) != _rv(pod):
+            events.append(("MODIFIED", pod))
+        known[key] = pod
+    return events
+
+
+def _uid(pod: dict[str, Any]) -> Any:
+    return pod.get("metadata", {}).get("uid")
+
+
+def _rv(pod: dict[str, Any]) -> Any:
+    return pod.get("metadata", {}).get("resourceVersion")
+
+
+__all__ = ["API_CALLS", "ApiCall", "Kube", "connect", "connect_url"]
