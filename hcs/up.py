@@ -1,0 +1,202 @@
+"""``hcs up``: the whole stack on one machine, the embedded default.
+
+Starts ``nats-server -js`` in a temporary directory on a free port (or uses
+``--nats-url``), initialises the streams, then runs every part as its own
+process, as in a cluster: the simulated fleet (agents), the scheduler with
+its extender, the injector's webhook with development certificates, and the
+healer (dry-run unless a cluster is configured). It shows ``hcs top`` while it
+runs (progress lines when stdout is not a terminal). ``--for`` stops it after
+that long; Ctrl-C / SIGTERM stop everything, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hcs_bus import streams
+from hcs_bus.bus import connect
+from hcs_bus.errors import ConfigError
+from hcs_bus.natsserver import NatsServer
+from hcs_bus.settings import Settings, replace
+from hcs_bus.telemetry import logger
+
+_log = logger("hcs.up")
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    nats_url: str | None
+    fleet: Path
+    for_s: float | None
+    extender: str
+    webhook: str
+    state_dir: Path | None
+
+
+@dataclass
+class Part:
+    name: str
+    argv: list[str]
+    process: asyncio.subprocess.Process | None = None
+
+
+def _host_port(text: str, *, what: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{what}: {text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def part_env(settings: Settings, *, certs_dir: Path | None) -> dict[str, str]:
+    """The environment that hands this stack's settings to every part."""
+    env = dict(os.environ)
+    env["HCS_BUS__URL"] = settings.bus.url
+    env["HCS_TELEMETRY__LOG_FORMAT"] = "json"
+    env["HCS_SCHEDULER__EXTENDER_HOST"] = settings.scheduler.extender_host
+    env["HCS_SCHEDULER__EXTENDER_PORT"] = str(settings.scheduler.extender_port)
+    env["HCS_INJECTOR__HOST"] = settings.injector.host
+    env["HCS_INJECTOR__PORT"] = str(settings.injector.port)
+    if certs_dir is not None:
+        env["HCS_INJECTOR__CERT_FILE"] = str(certs_dir / "tls.crt")
+        env["HCS_INJECTOR__KEY_FILE"] = str(certs_dir / "tls.key")
+    return env
+
+
+def parts(options: UpOptions) -> list[Part]:
+    py = sys.executable
+    return [
+        Part("agents", [py, "-m", "agents", "--fleet", str(options.fleet)]),
+        Part("scheduler", [py, "-m", "scheduler"]),
+        Part("injector", [py, "-m", "injector"]),
+        Part("healer", [py, "-m", "healer"]),
+    ]
+
+
+async def run(settings: Settings, options: UpOptions) -> int:
+    if not options.fleet.is_file():
+        raise ConfigError(f"--fleet: {str(options.fleet)!r} is not a file")
+    ext_host, ext_port = _host_port(options.extender, what="--extender")
+    wh_host, wh_port = _host_port(options.webhook, what="--webhook")
+    settings = replace(
+        settings,
+        scheduler={"extender_host": ext_host, "extender_port": ext_port},
+        injector={"host": wh_host, "port": wh_port},
+    )
+    server: NatsServer | None = None
+    with tempfile.TemporaryDirectory(prefix="hcs-up-") as tmp:
+        state_dir = options.state_dir or Path(tmp)
+        if options.nats_url is None:
+            server = await NatsServer(store_dir=state_dir / "nats").astart()
+            settings = replace(settings, bus={"url": server.url})
+            _log.info("nats_started", url=server.url, store=str(state_dir / "nats"))
+        try:
+            return await _run_stack(settings, options, state_dir=state_dir)
+        finally:
+            if server is not None:
+                server.cleanup()
+
+
+async def _run_stack(settings: Settings, options: UpOptions, *, state_dir: Path) -> int:
+    bus = await connect(settings.bus, name="hcs-up")
+    await streams.init(bus, settings.bus)
+    certs_dir = _dev_certs(state_dir / "certs", host=settings.injector.host)
+    env = part_env(settings, certs_dir=certs_dir)
+    running = parts(options)
+    stop = asyncio.Event()
+    _on_signals(stop)
+    try:
+        for part in running:
+            part.process = await asyncio.create_subprocess_exec(
+                *part.argv,
+                env=env,
+                start_new_session=True,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=_log_file(state_dir, part.name),
+            )
+            _log.info("part_started", part=part.name, pid=part.process.pid)
+        _print_endpoints(settings, state_dir=state_dir, certs_dir=certs_dir)
+        from hcs.cli import show_top  # the live view shares code with `hcs top`
+
+        top = asyncio.create_task(show_top(bus, settings, live=sys.stdout.isatty(), stop=stop))
+        watcher = asyncio.create_task(_watch_parts(running, stop))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(options.for_s):
+                await stop.wait()
+        stop.set()
+        await asyncio.gather(top, return_exceptions=True)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        failed = [p.name for p in running if p.process and p.process.returncode not in (None, 0)]
+        return 1 if failed else 0
+    finally:
+        await _stop_parts(running)
+        await bus.nc.close()
+
+
+def _dev_certs(out: Path, *, host: str) -> Path:
+    from injector.certs import make_dev_certs
+
+    names = ["localhost", "hcs-injector.hcs-system.svc"]
+    make_dev_certs(out, dns=names, ips=["127.0.0.1", host] if host != "127.0.0.1" else [host])
+    return out
+
+
+def _log_file(state_dir: Path, name: str) -> int:
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path) -> None:
+    s = settings
+    print(
+        f"hcs up: NATS {s.bus.url} | extender http://{s.scheduler.extender_host}:"
+        f"{s.scheduler.extender_port}/{{filter,prioritize,bind,preempt}} | webhook "
+        f"https://{s.injector.host}:{s.injector.port}/mutate (CA {certs_dir / 'ca.crt'}) | "
+        f"logs {state_dir / 'logs'} | alerts: hcs watch 'hcs.health.*' --nats-url {s.bus.url}",
+        flush=True,
+    )
+
+
+def _on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+async def _watch_parts(running: list[Part], stop: asyncio.Event) -> None:
+    """A part that exits on its own stops the stack (its log says why)."""
+    waits = {asyncio.create_task(p.process.wait()): p for p in running if p.process}
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        part = waits[task]
+        _log.error("part_exited", part=part.name, code=task.result())
+    stop.set()
+
+
+async def _stop_parts(running: list[Part]) -> None:
+    for part in running:
+        if part.process and part.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(part.process.pid, signal.SIGTERM)
+    for part in running:
+        if part.process is None:
+            continue
+        try:
+            async with asyncio.timeout(8):
+                await part.process.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(part.process.pid, signal.SIGKILL)
+            await part.process.wait()
+        _log.info("part_stopped", part=part.name, code=part.process.returncode)

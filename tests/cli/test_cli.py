@@ -1,0 +1,78 @@
+"""The hcs command line, run as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+from hcs_bus import subjects
+from hcs_bus.bus import Bus
+from tests.view.factories import fingerprint
+
+
+def hcs(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hcs.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PATH": "/usr/bin:/bin:/usr/sbin", "HCS_TELEMETRY__LOG_LEVEL": "error"},
+    )
+
+
+def test_a_bad_flag_prints_one_line_naming_it_and_exits_2() -> None:
+    done = hcs("place", "--substitution", "maybe")
+    assert done.returncode == 2
+    assert "--substitution" in done.stderr and "maybe" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_bus_init_is_idempotent(nats_url: str) -> None:
+    first = hcs("--nats-url", nats_url, "bus", "init")
+    second = hcs("--nats-url", nats_url, "bus", "init")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "updated: HCS_FP, HCS_HEALTH, HCS_ALLOC, HCS_DLQ" in second.stdout
+
+
+async def test_top_once_json_shows_every_node_and_the_fleet_totals(bus: Bus, nats_url: str) -> None:
+    for i in range(3):
+        fp = fingerprint(f"n{i}", devices=4)
+        await bus.publish(subjects.fp(fp.node), fp, msg_id=f"n{i}:1")
+    done = await asyncio.to_thread(hcs, "--nats-url", nats_url, "top", "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert [n["node"] for n in view["nodes"]] == ["n0", "n1", "n2"]
+    assert view["totals"]["devices"] == 12
+    assert view["models"][0]["model"] == "nvidia/A100-80G"
+
+
+async def test_watch_prints_health_events_as_json_lines(bus: Bus, nats_url: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hcs.cli",
+        "--nats-url",
+        nats_url,
+        "watch",
+        "hcs.health.*",
+        "--count",
+        "1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    from hcs_bus.messages import HealthEvent
+
+    event = HealthEvent(node="n1", kind="xid", severity="fatal", source="probe", time_s=1, code=79)
+    async with asyncio.timeout(20):
+        while proc.returncode is None:
+            await bus.publish(subjects.health("n1"), event, msg_id="w1")
+            try:
+                async with asyncio.timeout(0.5):
+                    await proc.wait()
+            except TimeoutError:
+                continue
+    out, err = await proc.communicate()
+    line = json.loads(out.decode().splitlines()[0])
+    assert line["subject"] == "hcs.health.n1" and line["code"] == 79, err
