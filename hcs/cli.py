@@ -3,8 +3,9 @@
     hcs up [--for S] [--nats-url URL] [--fleet FILE] [--extender H:P] [--webhook H:P]
     hcs top [--once] [--json]
     hcs bus init [--replicas N]
-    hcs convert AMOUNT UNIT --to VENDOR/MODEL      (UNIT: tflops-fp16|…|acu|vram
-                                                   or a model: hcs convert 1 nvidia/A100-80G --to hygon/K100)
+    hcs convert AMOUNT UNIT --to VENDOR/MODEL
+        UNIT: tflops-fp16|tflops-bf16|tflops-fp32|acu|vram, or a model:
+        hcs convert 1 nvidia/A100-80G --to hygon/K100
     hcs place --vram 16Gi [--tflops-fp16 N] [--acu N] [--devices N] [--vendors a,b] …
     hcs watch 'hcs.health.*'
     hcs certs --out DIR --dns NAME…

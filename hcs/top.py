@@ -95,9 +95,8 @@ def render(summary: dict[str, Any]) -> str:
     ]
     for row in summary["models"]:
         vram = f"{_gib(row['vram_free_mib'])}/{_gib(row['vram_total_mib'])}"
-        lines.append(
-            f"{row['model']:<28} {row['devices']:>4} {row['unhealthy']:>9} {vram:>20} {row['acu']:>8.0f}"
-        )
+        counts = f"{row['devices']:>4} {row['unhealthy']:>9}"
+        lines.append(f"{row['model']:<28} {counts} {vram:>20} {row['acu']:>8.0f}")
     t = summary["totals"]
     lines += [
         "",
