@@ -176,7 +176,7 @@ class ProfileDB:
     def __init__(self, profiles: Iterable[Profile]) -> None:
         self._by_key: dict[str, Profile] = {}
         self._by_name: dict[tuple[str, str], Profile] = {}
-        self._by_pci: dict[tuple[int, int], Profile] = {}
+        self._by_pci: dict[tuple[int, int], list[Profile]] = {}
         for profile in profiles:
             self._add(profile)
 
@@ -192,12 +192,7 @@ class ProfileDB:
                         f"profile {profile.key}: alias {name!r} also names {other.key}"
                     )
         for device_id in profile.pci_device_ids:
-            other = self._by_pci.setdefault((profile.pci_vendor_id, device_id), profile)
-            if other is not profile:
-                raise ConfigError(
-                    f"profile {profile.key}: pci_device_ids {device_id:#06x} "
-                    f"also belongs to {other.key}"
-                )
+            self._by_pci.setdefault((profile.pci_vendor_id, device_id), []).append(profile)
 
     def get(self, key: str) -> Profile:
         """A profile by ``vendor/model``; KeyError naming the close ones."""
@@ -230,8 +225,17 @@ class ProfileDB:
         return None
 
     def by_pci(self, vendor_id: int | str, device_id: int | str) -> Profile | None:
-        """By PCI ids as ints or as sysfs writes them (``"0x10de"``)."""
-        return self._by_pci.get((_pci_int(vendor_id), _pci_int(device_id)))
+        """By PCI ids as ints or as sysfs writes them (``"0x10de"``).
+
+        ``None`` when unknown or ambiguous: several SKUs share one device id
+        (every Ascend 910B variant is 19e5:d802); ``match`` by name decides those.
+        """
+        found = self.all_by_pci(vendor_id, device_id)
+        return found[0] if len(found) == 1 else None
+
+    def all_by_pci(self, vendor_id: int | str, device_id: int | str) -> tuple[Profile, ...]:
+        """Every profile carrying this PCI id."""
+        return tuple(self._by_pci.get((_pci_int(vendor_id), _pci_int(device_id)), ()))
 
 
 def _pci_int(value: int | str) -> int:
@@ -328,8 +332,8 @@ def _check_profile(profile: Profile) -> None:
         if field not in Profile.__struct_fields__:
             raise ConfigError(f"profile {key}: sources/unsourced name unknown field {field!r}")
     for field, url in profile.sources.items():
-        if not url.startswith("https://"):
-            raise ConfigError(f"profile {key}: sources.{field} is not an https URL: {url!r}")
+        if not url.startswith(("https://", "http://")):
+            raise ConfigError(f"profile {key}: sources.{field} is not a URL: {url!r}")
     for field in NUMERIC_FIELDS:
         if field not in profile.sources and field not in profile.unsourced:
             raise ConfigError(f"profile {key}: {field} has neither a source nor an unsourced mark")
