@@ -1,0 +1,325 @@
+"""The healer service: fetch → judge → decide → act → ack.
+
+Consumes ``hcs.health.*`` (durable ``<durable>-health``, explicit acks, only
+while leader), ``hcs.fp.*`` (latest fingerprints: fleet medians, telemetry,
+node staleness) and ``hcs.alloc.*`` (which pods use which devices). Judges
+every device (``healer.rules``), publishes each changed verdict on
+``hcs.health.<node>`` (source "healer", ignored when it comes back), and
+applies node plans (``healer.decisions``) through the circuit breaker and the
+``Actor``. A degraded node's jobs are asked to checkpoint before eviction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+from nats.js.api import DeliverPolicy
+
+from hcs_bus import subjects, tasks
+from hcs_bus.bus import Bus, Consumer, Delivery
+from hcs_bus.errors import HcsError, TemporaryError
+from hcs_bus.kube import Kube
+from hcs_bus.messages import AllocationEvent, HealthEvent, NodeFingerprint, Telemetry
+from hcs_bus.settings import HealerSettings
+from hcs_bus.streams import ALLOC, FP, HEALTH
+from hcs_bus.telemetry import logger, meter
+from healer import decisions, rules
+from healer.acting import Actor
+from healer.bindings import Bindings
+from healer.breaker import Breaker
+from healer.histories import DeviceHistory, FingerprintSample, Judgement
+from healer.leading import Leader
+from healer.requesting import CheckpointAsker
+from healer.signals import Fleet
+
+_log = logger("hcs.healer")
+_meter = meter("hcs.healer")
+VERDICTS = _meter.create_counter("hcs_healer_verdicts", description="verdict changes")
+UNKNOWN = _meter.create_counter("hcs_healer_unknown_kinds", description="unknown event kinds")
+
+NODE = -1  # history index for events about the whole node (no device index)
+_EMPTY = Telemetry()
+
+
+class Healer:
+    def __init__(
+        self,
+        bus: Bus,
+        kube: Kube | None,
+        settings: HealerSettings,
+        *,
+        identity: str = "hcs-healer",
+        durable: str = "hcs-healer",
+        rule_set: rules.Rules | None = None,
+        actor: Actor | None = None,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.durable = durable
+        self.rules = rule_set or rules.load(
+            degraded_window_s=settings.degraded_window_s,
+            recovery_window_s=settings.recovery_window_s,
+        )
+        self.actor = actor or Actor(bus=bus, kube=kube, dry_run=settings.dry_run)
+        self.leader = Leader(kube, identity=identity, settings=settings,
+                             on_change=self._leadership)
+        self.breaker = Breaker(max_fraction=settings.breaker_max_fraction,
+                               window_s=settings.breaker_window_s)
+        self.asker = CheckpointAsker(bus, wait_s=settings.checkpoint_wait_s)
+        self.fleet = Fleet(self.rules.telemetry)
+        self.bindings = Bindings()
+        self.histories: dict[str, dict[int, DeviceHistory]] = {}
+        self.nodes: dict[str, decisions.NodeState] = {}
+        self.last_seen: dict[str, float] = {}
+        self.unknown = 0
+        self.ready = asyncio.Event()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._leader_task: asyncio.Task[Any] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._seq = 0
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._leader_task = tasks.start(self.leader.run(), name="healer:leader")
+        await self.leader.changed.wait()
+
+    async def stop(self) -> None:
+        await self._stop_consuming()
+        if self._leader_task is not None:
+            await tasks.stop(self._leader_task)
+        await tasks.stop(*self._background)
+        await self.actor.close()
+
+    def _leadership(self, leader: bool) -> None:
+        starting = self._start_consuming() if leader else self._stop_consuming()
+        self._background.add(tasks.start(starting, name=f"healer:leadership:{leader}"))
+
+    async def _start_consuming(self) -> None:
+        if self._tasks:
+            return
+        consumers: list[tuple[str, Consumer[Any]]] = [
+            ("fp", Consumer(self.bus, stream=FP, kind=NodeFingerprint, handle=self._on_fps,
+                            filter_subject=subjects.FP_ALL, batch=1000, ack_all=True)),
+            ("alloc", Consumer(self.bus, stream=ALLOC, kind=AllocationEvent,
+                               handle=self._on_allocs, filter_subject=subjects.ALLOC_ALL,
+                               batch=1000, ack_all=True)),
+            ("health", Consumer(self.bus, stream=HEALTH, kind=HealthEvent,
+                                handle=self._on_health, filter_subject=subjects.HEALTH_ALL,
+                                durable=f"{self.durable}-health", deliver=DeliverPolicy.NEW,
+                                batch=200, fetch_timeout_s=0.05, ack_wait_s=60.0,
+                                max_deliver=5)),
+        ]
+        for name, consumer in consumers:
+            await consumer.start()
+            self._tasks.append(tasks.start(consumer.run(), name=f"healer:{name}"))
+        for name, consumer in consumers[:2]:
+            await asyncio.wait_for(consumer.caught_up.wait(), timeout=60.0)
+            _log.info("replayed", stream=name, delivered=consumer.delivered)
+        self._tasks.append(tasks.start(self._sweep(), name="healer:sweep"))
+        self.ready.set()
+
+    async def _stop_consuming(self) -> None:
+        running, self._tasks = self._tasks, []
+        self.ready.clear()
+        await tasks.stop(*running)
+
+    # -- inputs ----------------------------------------------------------------
+
+    async def _on_allocs(self, items: list[Delivery[AllocationEvent]]) -> None:
+        for item in items:
+            self.bindings.apply(item.value)
+
+    async def _on_health(self, items: list[Delivery[HealthEvent]]) -> None:
+        now = asyncio.get_running_loop().time()
+        dirty: set[str] = set()
+        publishing: list[Any] = []
+        try:
+            for item in items:
+                event = item.value
+                if event.source == "healer":
+                    continue
+                history = self._history(event.node, NODE if event.device is None else event.device)
+                judgement = rules.judge(history, event, now=now, rules=self.rules)
+                if judgement.unknown:
+                    self._count_unknown(event)
+                if judgement.changed:
+                    dirty.add(event.node)
+                    publishing.append(self._publish_verdict(history, judgement))
+            await asyncio.gather(*(self._reconsider(n, now=now) for n in dirty), *publishing)
+        except HcsError as exc:
+            raise TemporaryError(f"health batch: {exc}", delay_s=1.0) from exc
+        except Exception as exc:  # a bug must not kill the loop: redeliver later
+            _log.exception("health_batch_failed", error=repr(exc))
+            raise TemporaryError(f"health batch: {exc!r}", delay_s=2.0) from exc
+
+    async def _on_fps(self, items: list[Delivery[NodeFingerprint]]) -> None:
+        now = asyncio.get_running_loop().time()
+        self.fleet.update(item.value for item in items)
+        dirty: set[str] = set()
+        publishing: list[Any] = []
+        for item in items:
+            fp = item.value
+            self.last_seen[fp.node] = now
+            for history, judgement in self._judge_fp(fp, now=now):
+                if judgement.changed:
+                    dirty.add(fp.node)
+                    publishing.append(self._publish_verdict(history, judgement))
+            if self.nodes.get(fp.node, decisions.NodeState()).verdict == "lost":
+                dirty.add(fp.node)
+        await asyncio.gather(*(self._reconsider(n, now=now) for n in dirty), *publishing,
+                             return_exceptions=True)
+
+    def _judge_fp(
+        self, fp: NodeFingerprint, *, now: float
+    ) -> list[tuple[DeviceHistory, Judgement]]:
+        out = []
+        seen = set()
+        for d in fp.devices:
+            seen.add(d.index)
+            tflops, clock = self.fleet.medians(d.model, now=now)
+            sample = FingerprintSample(fp.node, d.index, d.model, d.telemetry, True, d.error,
+                                       tflops, clock)
+            history = self._history(fp.node, d.index)
+            out.append((history, rules.judge(history, sample, now=now, rules=self.rules)))
+        for index, history in self.histories.get(fp.node, {}).items():
+            if index not in seen and index != NODE and not history.lost:
+                sample = FingerprintSample(fp.node, index, history.model, _EMPTY, present=False)
+                out.append((history, rules.judge(history, sample, now=now, rules=self.rules)))
+        return out
+
+    async def _sweep(self) -> None:
+        """Nodes whose fingerprints stopped are lost."""
+        loop = asyncio.get_running_loop()
+        period = max(0.2, min(self.rules.node_stale_s / 4, 5.0))
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for node, seen in list(self.last_seen.items()):
+                stale = now - seen >= self.rules.node_stale_s
+                if stale and self.nodes.get(node, decisions.NodeState()).verdict != "lost":
+                    await self._reconsider(node, now=now)
+
+    # -- deciding and acting ------------------------------------------------------
+
+    async def _reconsider(self, node: str, *, now: float) -> None:
+        lock = self._locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            seen = self.last_seen.get(node)
+            stale = seen is not None and now - seen >= self.rules.node_stale_s
+            judged = rules.judge_node(self.histories.get(node, {}).values(), stale=stale)
+            previous = self.nodes.get(node, decisions.NodeState())
+            node_plan = decisions.plan(previous, judged, rules=self.rules)
+            if judged.verdict != previous.verdict:
+                await self._publish_node_verdict(node, judged.verdict, node_plan.reason)
+            self.nodes[node] = await self._apply(node, node_plan, now=now)
+
+    async def _apply(
+        self, node: str, plan: decisions.NodePlan, *, now: float
+    ) -> decisions.NodeState:
+        if plan.empty:
+            return plan.state
+        if plan.isolates:
+            decision = self.breaker.admit(node, known_nodes=self._known_nodes(), now=now)
+            if not decision.allowed:
+                await self._breaker_open(node, plan, reason=decision.reason)
+                return decisions.blocked(plan)
+        if plan.taint is not None:
+            pods = [b.key for b in self.bindings.on_devices(node, plan.evict_now)]
+            if plan.taint:
+                await self.actor.taint(node, effect=plan.taint, reason=plan.reason, pods=pods)
+            else:
+                await self.actor.untaint(node, reason=f"healthy again ({plan.reason})")
+        if plan.evict_now:
+            victims = self.bindings.on_devices(node, plan.evict_now)
+            await self.actor.evict(victims, reason=f"devices {list(plan.evict_now)} failed")
+        if plan.checkpoint_then_evict:
+            victims = self.bindings.on_devices(node, plan.checkpoint_then_evict)
+            self._background.add(tasks.start(
+                self._checkpoint_then_evict(node, victims), name=f"healer:ckpt:{node}"
+            ))
+        return plan.state
+
+    async def _checkpoint_then_evict(self, node: str, victims: list[Any]) -> None:
+        if not victims:
+            return
+        await self.asker.checkpoint_all(victims, reason=f"node {node} degraded")
+        if self.nodes.get(node, decisions.NodeState()).verdict == "healthy":
+            _log.info("degraded_eviction_cancelled", node=node)
+            return
+        await self.actor.evict(victims, reason=f"node {node} degraded")
+
+    def _known_nodes(self) -> int:
+        return max(len(self.fleet.nodes), len(self.nodes))
+
+    async def _breaker_open(self, node: str, plan: decisions.NodePlan, *, reason: str) -> None:
+        _log.error("breaker_open", node=node, verdict=plan.state.verdict, reason=reason)
+        event = HealthEvent(
+            node=node, kind="breaker_open", severity="critical", source="healer",
+            time_s=_wall(), verdict=_device_verdict(plan.state.verdict),
+            evidence={"reason": reason, "would_taint": plan.taint or "",
+                      "verdict": plan.state.verdict},
+            message=f"circuit breaker open: not isolating {node} ({reason})",
+        )
+        await self._publish(node, event, tag="breaker")
+
+    # -- publishing ----------------------------------------------------------------
+
+    async def _publish_verdict(self, history: DeviceHistory, judgement: Judgement) -> None:
+        VERDICTS.add(1, {"verdict": judgement.verdict})
+        event = HealthEvent(
+            node=history.node, kind="verdict", severity=_severity(judgement.verdict),
+            source="healer", time_s=_wall(),
+            device=None if history.device == NODE else history.device,
+            verdict=judgement.verdict, health_score=judgement.health_score,
+            evidence=judgement.evidence, message=history.reason,
+        )
+        await self._publish(history.node, event, tag=f"v{history.device}")
+
+    async def _publish_node_verdict(self, node: str, verdict: str, reason: str) -> None:
+        scores = [h.score for i, h in self.histories.get(node, {}).items() if i != NODE]
+        event = HealthEvent(
+            node=node, kind="verdict", severity=_severity(_device_verdict(verdict)),
+            source="healer", time_s=_wall(), verdict=_device_verdict(verdict),
+            health_score=min(scores, default=100) if verdict != "lost" else 0,
+            evidence={"node_verdict": verdict, "reason": reason[:500]}, message=reason[:500],
+        )
+        await self._publish(node, event, tag="node")
+
+    async def _publish(self, node: str, event: HealthEvent, *, tag: str) -> None:
+        self._seq += 1
+        msg_id = f"healer:{node}:{tag}:{event.time_s}:{self._seq}"
+        try:
+            await self.bus.publish(subjects.health(node), event, msg_id=msg_id)
+        except HcsError as exc:
+            _log.warning("verdict_publish_failed", node=node, error=str(exc))
+
+    def _history(self, node: str, device: int) -> DeviceHistory:
+        devices = self.histories.setdefault(node, {})
+        found = devices.get(device)
+        if found is None:
+            found = devices[device] = DeviceHistory(node=node, device=device)
+        return found
+
+    def _count_unknown(self, event: HealthEvent) -> None:
+        self.unknown += 1
+        UNKNOWN.add(1, {"kind": event.kind[:40]})
+        _log.warning("unknown_health_kind", node=event.node, kind=event.kind,
+                     device=event.device, count=self.unknown)
+
+
+def _device_verdict(verdict: str) -> Any:
+    return "failed" if verdict == "lost" else verdict
+
+
+def _severity(verdict: str) -> Any:
+    return {"healthy": "info", "degraded": "warning"}.get(verdict, "critical")
+
+
+def _wall() -> float:
+    # Producer timestamp of an outgoing event, not a decision input.
+    return datetime.datetime.now(datetime.UTC).timestamp()
+
