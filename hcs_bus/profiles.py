@@ -175,7 +175,7 @@ class ProfileDB:
 
     def __init__(self, profiles: Iterable[Profile]) -> None:
         self._by_key: dict[str, Profile] = {}
-        self._by_name: dict[tuple[str, str], Profile] = {}
+        self._by_name: dict[tuple[str, str], tuple[Profile, str]] = {}
         self._by_pci: dict[tuple[int, int], list[Profile]] = {}
         for profile in profiles:
             self._add(profile)
@@ -186,10 +186,13 @@ class ProfileDB:
         self._by_key[profile.key] = profile
         for name in (profile.model, profile.name, *profile.aliases):
             for form in {_norm(name), _stripped(_norm(name))}:
-                other = self._by_name.setdefault((profile.vendor, form), profile)
+                other, other_name = self._by_name.setdefault(
+                    (profile.vendor, form), (profile, name)
+                )
                 if other is not profile:
                     raise ConfigError(
-                        f"profile {profile.key}: alias {name!r} also names {other.key}"
+                        f"profile {profile.key}: name {name!r} is the same to match() as "
+                        f"{other.key}'s {other_name!r}"
                     )
         for device_id in profile.pci_device_ids:
             self._by_pci.setdefault((profile.pci_vendor_id, device_id), []).append(profile)
@@ -221,7 +224,7 @@ class ProfileDB:
             for v in vendors:
                 found = self._by_name.get((v, form))
                 if found is not None:
-                    return found
+                    return found[0]
         return None
 
     def by_pci(self, vendor_id: int | str, device_id: int | str) -> Profile | None:
