@@ -74,3 +74,7 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
 def _is_library_task(task: asyncio.Task[object]) -> bool:
     coro = getattr(task.get_coro(), "__qualname__", "")
     return any(part in coro for part in ("Client.", "_read_loop", "_flusher", "_ping_interval"))
+
+
+# Kubernetes: the API-server double and a Kube client on it (tests/apiserver.py).
+from tests.apiserver import apiserver, kube  # noqa: E402, F401
