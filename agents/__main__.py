@@ -1,0 +1,73 @@
+"""``python -m agents --node NAME`` (real detectors) or ``--fleet FILE`` (simulated).
+
+Exit status 2 on a configuration error (one line naming the field and value).
+SIGTERM drains: queued fingerprints and health events are flushed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from agents import fleet as fleet_file
+from agents.running import run_fleet, run_node
+from hcs_bus import streams
+from hcs_bus.bus import connect
+from hcs_bus.errors import ConfigError
+from hcs_bus.settings import Settings, load, replace
+from hcs_bus.telemetry import configure
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m agents", description=__doc__)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--node", help="this node's name (default: $NODE_NAME)")
+    mode.add_argument("--fleet", help="play the simulated fleet in this YAML file")
+    parser.add_argument("--config", help="settings file (default: $HCS_CONFIG)")
+    parser.add_argument("--init-bus", action="store_true", help="create streams first")
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace, settings: Settings) -> None:
+    fleet = fleet_file.load(args.fleet) if args.fleet else None
+    bus = await connect(settings.bus, name=f"hcs-agent-{args.node or 'fleet'}")
+    if args.init_bus:
+        await streams.init(bus, settings.bus)
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGTERM, lambda: main.cancel() if main else None)
+    try:
+        if fleet is not None:
+            await run_fleet(bus, fleet, settings=settings)
+        else:
+            await run_node(bus, settings=settings)
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await bus.drain()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    try:
+        settings = load(path=args.config)
+        if args.node:
+            settings = replace(settings, agent={"node_name": args.node})
+        if args.fleet:
+            fleet_file.load(args.fleet)  # fail before connecting
+        configure(settings.telemetry, service="hcs-agent")
+        asyncio.run(_main(args, settings))
+    except ConfigError as exc:
+        print(f"hcs-agent: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

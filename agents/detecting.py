@@ -1,0 +1,155 @@
+"""Detectors, chosen by what the host has: NVML, npu-smi, hy-smi, cnmon.
+
+Each detector yields :class:`agents.parsing.Parsed`. Vendor tools run as
+asyncio subprocesses under ``settings.agent.vendor_tool_timeout_s``; a tool
+that hangs, exits non-zero or prints garbage becomes ONE ``detector_error``
+HealthEvent (source ``agent``, severity ``warning``) when it starts failing —
+and a ``detector_recovered`` when it works again — while the other detectors
+carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from agents import nvml
+from agents.parsing import Parsed, cnmon, hy_smi, npu_smi, nvml_readings
+from hcs_bus.messages import DeviceFingerprint, HealthEvent
+from hcs_bus.profiles import ProfileDB
+from hcs_bus.telemetry import logger
+
+_log = logger("hcs.agent.detecting")
+
+
+class DetectorFailure(Exception):
+    """The detector itself failed (timeout, exit status, unreadable output)."""
+
+
+async def run_tool(argv: Sequence[str], *, timeout_s: float) -> str:
+    """stdout of ``argv``; DetectorFailure on a hang, a bad exit or no output."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+    except OSError as exc:
+        raise DetectorFailure(f"{argv[0]}: cannot start: {exc.strerror}") from exc
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError as exc:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise DetectorFailure(f"{' '.join(argv)}: no answer within {timeout_s}s") from exc
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip()[-200:]
+        raise DetectorFailure(f"{' '.join(argv)}: exit status {proc.returncode}: {tail}")
+    return out.decode(errors="replace")
+
+
+Detect = Callable[[], Awaitable[Parsed]]
+
+
+@dataclass
+class Detector:
+    name: str
+    detect: Detect
+    failing: str | None = None
+
+
+def npu_smi_detector(*, db: ProfileDB, timeout_s: float, tool: str = "npu-smi") -> Detector:
+    async def detect() -> Parsed:
+        return npu_smi.parse_info(await run_tool([tool, "info"], timeout_s=timeout_s), db=db)
+
+    return Detector("npu-smi", detect)
+
+
+def hy_smi_detector(*, db: ProfileDB, timeout_s: float, tool: str = "hy-smi") -> Detector:
+    async def detect() -> Parsed:
+        table, errors = hy_smi.parse_table(await run_tool([tool], timeout_s=timeout_s))
+        details = await run_tool(
+            [tool, "--showproductname", "--showbus", "--showuniqueid", "--showmeminfo", "vram"],
+            timeout_s=timeout_s,
+        )
+        return hy_smi.parse(
+            hy_smi.merge(table, hy_smi.parse_details(details)), db=db, errors=errors
+        )
+
+    return Detector("hy-smi", detect)
+
+
+def cnmon_detector(*, db: ProfileDB, timeout_s: float, tool: str = "cnmon") -> Detector:
+    async def detect() -> Parsed:
+        info = cnmon.parse_info(await run_tool([tool, "info"], timeout_s=timeout_s))
+        return cnmon.parse_table(await run_tool([tool], timeout_s=timeout_s), db=db, info=info)
+
+    return Detector("cnmon", detect)
+
+
+def nvml_detector(*, db: ProfileDB, timeout_s: float) -> Detector:
+    async def detect() -> Parsed:
+        try:
+            readings = await asyncio.wait_for(asyncio.to_thread(nvml.read_all), timeout_s)
+        except TimeoutError as exc:
+            raise DetectorFailure(f"NVML: no answer within {timeout_s}s") from exc
+        except Exception as exc:  # pynvml raises its own NVMLError tree
+            raise DetectorFailure(f"NVML: {exc}") from exc
+        return nvml_readings.convert(readings, db=db)
+
+    return Detector("nvml", detect)
+
+
+def choose(*, db: ProfileDB, timeout_s: float) -> list[Detector]:
+    """The detectors this host can run (a host may have none: a CPU node)."""
+    found: list[Detector] = []
+    if nvml.available():
+        found.append(nvml_detector(db=db, timeout_s=timeout_s))
+    tools = {"npu-smi": npu_smi_detector, "hy-smi": hy_smi_detector, "cnmon": cnmon_detector}
+    for tool, make in tools.items():
+        path = shutil.which(tool)
+        if path:
+            found.append(make(db=db, timeout_s=timeout_s, tool=path))
+    _log.info("detectors_chosen", detectors=[d.name for d in found])
+    return found
+
+
+@dataclass
+class Detection:
+    devices: list[DeviceFingerprint] = field(default_factory=list)
+    events: list[HealthEvent] = field(default_factory=list)
+
+
+async def detect_all(detectors: Sequence[Detector], *, node: str, now: float) -> Detection:
+    """Run every detector concurrently; one failing never hides another's devices."""
+    results = await asyncio.gather(*(d.detect() for d in detectors), return_exceptions=True)
+    out = Detection()
+    for detector, result in zip(detectors, results, strict=True):
+        if isinstance(result, BaseException):
+            reason = str(result) if isinstance(result, DetectorFailure) else repr(result)
+            if detector.failing is None:
+                out.events.append(_event(node, detector.name, "detector_error", reason, now=now))
+                _log.warning("detector_failed", detector=detector.name, error=reason)
+            detector.failing = reason
+            continue
+        if detector.failing is not None:
+            out.events.append(_event(node, detector.name, "detector_recovered", "ok", now=now))
+            detector.failing = None
+        out.devices.extend(result.devices)
+        for error in result.errors:
+            _log.warning("detector_parse_error", detector=detector.name, error=str(error))
+    return out
+
+
+def _event(node: str, detector: str, kind: str, message: str, *, now: float) -> HealthEvent:
+    return HealthEvent(
+        node=node,
+        kind=kind,
+        severity="warning" if kind == "detector_error" else "info",
+        source="agent",
+        time_s=now,
+        message=f"{detector}: {message}",
+        evidence={"detector": detector},
+    )

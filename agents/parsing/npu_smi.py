@@ -1,0 +1,164 @@
+"""Huawei Ascend ``npu-smi info`` table and ``npu-smi info -t <type> -i N`` key/value output.
+
+The table has, per NPU, a name row (``| 0  910B2 | OK | 93.6  40  0 / 0 |``)
+followed by one row per chip (``| 0 | 0000:C1:00.0 | 0  0 / 0  3161 / 65536 |``).
+Each chip becomes one device; on 910B cards there is one chip per NPU. The
+processes table after the devices is ignored.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from agents.parsing import (
+    Parsed,
+    ParseError,
+    broken_device,
+    device_from,
+    normalize_bus_id,
+    number,
+)
+from hcs_bus.messages import DeviceFingerprint, Telemetry
+from hcs_bus.profiles import ProfileDB
+
+TOOL = "npu-smi"
+VENDOR = "huawei"
+_PAIR = re.compile(r"(\d+)\s*/\s*(\d+)")
+HEALTH_SCORES = {"ok": 100, "warning": 70, "alarm": 40, "critical": 0}
+
+
+class _Block:
+    """The name row of one NPU and its chip rows, as table cells."""
+
+    def __init__(self, npu: int, head: list[str]) -> None:
+        self.npu = npu
+        self.head = head
+        self.chips: list[list[str]] = []
+
+
+def parse_info(text: str, *, db: ProfileDB) -> Parsed:
+    """Parse ``npu-smi info``; a broken row spoils only its own device."""
+    blocks, errors = _blocks(text)
+    if not blocks and not errors:
+        errors.append(ParseError(tool=TOOL, reason="no NPU rows found in the output"))
+    devices: list[DeviceFingerprint] = []
+    for block in blocks:
+        if not block.chips:
+            reason = "name row without a chip row (output truncated?)"
+            errors.append(ParseError(tool=TOOL, device=block.npu, reason=reason))
+            devices.append(broken_device(vendor=VENDOR, index=block.npu, error=f"{TOOL}: {reason}"))
+            continue
+        for chip in block.chips:
+            index = _chip_index(block, chip)
+            try:
+                devices.append(_device(block, chip, index=index, db=db))
+            except ValueError as exc:
+                errors.append(ParseError(tool=TOOL, device=index, reason=str(exc)))
+                devices.append(broken_device(vendor=VENDOR, index=index, error=f"{TOOL}: {exc}"))
+    return Parsed(devices=tuple(devices), errors=tuple(errors))
+
+
+def _cells(line: str) -> list[str] | None:
+    line = line.strip()
+    if not line.startswith("|") or not line.endswith("|"):
+        return None
+    return [cell.strip() for cell in line[1:-1].split("|")]
+
+
+def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
+    blocks: list[_Block] = []
+    errors: list[ParseError] = []
+    in_devices = False
+    for number_, line in enumerate(text.splitlines(), start=1):
+        cells = _cells(line)
+        if cells is None or len(cells) < 3:
+            if cells is not None and blocks and "process" in line.lower():
+                break
+            continue
+        first = cells[0].split()
+        if first[:2] == ["NPU", "Name"]:
+            in_devices = True
+            continue
+        if not in_devices or not first or first[0] in ("Chip", "NPU"):
+            if first[:1] == ["NPU"] and blocks:
+                break  # the processes table starts
+            continue
+        if len(first) >= 2 and not first[1].isdigit():
+            if not first[0].isdigit():
+                errors.append(
+                    ParseError(tool=TOOL, reason=f"line {number_}: bad NPU id {first[0]!r}")
+                )
+                continue
+            blocks.append(_Block(int(first[0]), cells))
+        elif blocks:
+            blocks[-1].chips.append(cells)
+    return blocks, errors
+
+
+def _chip_index(block: _Block, chip: list[str]) -> int:
+    tokens = chip[0].split()
+    # 310P cards list "Chip  Device": the logical device id is the second token.
+    if len(tokens) >= 2 and tokens[1].isdigit():
+        return int(tokens[1])
+    return block.npu
+
+
+def _device(block: _Block, chip: list[str], *, index: int, db: ProfileDB) -> DeviceFingerprint:
+    name = block.head[0].split(maxsplit=1)[1]
+    health = block.head[1].split()[0] if block.head[1] else "unknown"
+    bus_id = normalize_bus_id(chip[1])
+    power_temp = block.head[2].split()
+    if len(power_temp) < 2:
+        raise ValueError(f"power/temperature cell is incomplete: {block.head[2]!r}")
+    pairs = [(int(a), int(b)) for a, b in _PAIR.findall(chip[2])]
+    memory = [p for p in pairs if p[1] > 0]
+    if not memory:
+        raise ValueError(f"no memory usage 'used / total' in {chip[2]!r}")
+    used, total = memory[-1]  # HBM-Usage when present, else Memory-Usage
+    util = chip[2].split()[0] if chip[2].split() else ""
+    telemetry = Telemetry(
+        utilisation_pct=number(util, what="AICore(%)"),
+        power_w=_optional(power_temp[0], what="Power(W)"),
+        temperature_c=number(power_temp[1], what="Temp(C)"),
+    )
+    return device_from(
+        db=db,
+        vendor=VENDOR,
+        name=name,
+        index=index,
+        uuid=f"ascend-{bus_id}",
+        vram_total_mib=total,
+        vram_free_mib=total - used,
+        pci_bus_id=bus_id,
+        telemetry=telemetry,
+        health_score=HEALTH_SCORES.get(health.lower(), 50),
+    )
+
+
+def _optional(raw: str, *, what: str) -> float:
+    return 0.0 if raw.upper() == "NA" else number(raw, what=what)
+
+
+def parse_kv(text: str) -> dict[str, str]:
+    """``npu-smi info -t board|health|memory -i N``: ``Key : value`` lines."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip():
+            out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def with_board(device: DeviceFingerprint, board: dict[str, str]) -> DeviceFingerprint:
+    """Use the board serial number as the device's stable id where given."""
+    serial = board.get("Serial Number", "")
+    if not serial or serial.upper() == "NA" or device.error:
+        return device
+    return msgspec.structs.replace(device, uuid=f"ascend-{serial}")
+
+
+def health_of(health: dict[str, str]) -> tuple[str, str]:
+    """``-t health``: (status, error code) — e.g. ("Warning", "80E18005")."""
+    return health.get("Health Status", "unknown"), health.get("Error Code", "NA")
