@@ -1,0 +1,57 @@
+"""``python -m injector``: run the admission webhook standalone.
+
+Settings from ``hcs_bus.settings.load()`` (``HCS_CONFIG``, ``HCS_INJECTOR__*``).
+``--dev-certs DIR`` makes a development CA and serving certificate in DIR
+when no certificate is configured and prints the caBundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+from hcs_bus import bus as bus_module
+from hcs_bus import settings as settings_module
+from hcs_bus.telemetry import configure, logger
+from injector.certs import make_dev_certs
+from injector.serving import Injector
+
+_log = logger("hcs.injector")
+
+
+async def run(args: argparse.Namespace) -> None:
+    settings = settings_module.load(path=args.config)
+    configure(settings.telemetry, service="hcs-injector")
+    if args.dev_certs and not settings.injector.cert_file:
+        host = settings.injector.host
+        certs = make_dev_certs(Path(args.dev_certs), dns=["localhost"], ips=[host])
+        settings = settings_module.replace(
+            settings, injector={"cert_file": str(certs.cert_file), "key_file": str(certs.key_file)}
+        )
+        print(f"caBundle: {certs.ca_bundle_b64}", flush=True)
+    bus = await bus_module.connect(settings.bus, name="hcs-injector")
+    injector = Injector(bus, settings)
+    await injector.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    _log.info("injector_stopping")
+    await injector.stop()
+    await bus.drain()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m injector", description=__doc__)
+    parser.add_argument("--config", help="settings YAML (else HCS_CONFIG)")
+    parser.add_argument("--dev-certs", metavar="DIR", help="make development certificates here")
+    asyncio.run(run(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

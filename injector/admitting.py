@@ -1,0 +1,224 @@
+"""One admission: AdmissionReview body in, answer out.
+
+CREATE of a pod asking for ``ai.compute/*``: guard (reserved annotations,
+privileged containers), ask the planner within the budget, patch. UPDATE:
+only HCS may change reserved annotations. Anything else passes untouched; a
+pod that mentions neither ``ai.compute/`` nor ``hcs.io/`` is answered after a
+byte scan, without decoding the pod.
+
+The planner is injected (the bus in production, anything in tests); failure
+to plan follows ``settings.failure_policy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
+from hcs_bus.messages import Plan, PlanRequest
+from hcs_bus.settings import InjectorSettings
+from hcs_bus.telemetry import logger
+from injector import demands, guarding, mutating, plans, rebinding, reviews
+from injector.demands import Demand, PodError
+from injector.guarding import PLAN
+from injector.mutating import Context
+from injector.reviews import Answer, BadReview, Request
+
+Planner = Callable[[PlanRequest, float], Awaitable[Plan]]
+_log = logger("hcs.injector")
+_MAX_REJECTIONS = 12
+
+
+class Admitter:
+    def __init__(
+        self,
+        *,
+        settings: InjectorSettings,
+        planner: Planner,
+        ctx: Context,
+        keys: Callable[[], Sequence[bytes]],
+    ) -> None:
+        self.settings = settings
+        self.planner = planner
+        self.ctx = ctx
+        self.keys = keys
+
+    async def admit(self, body: bytes, *, budget_s: float) -> Answer:
+        try:
+            request = reviews.decode(body)
+        except BadReview as exc:
+            _log.info("admission_bad_request", error=str(exc))
+            return reviews.bad(exc)
+        try:
+            return await self._route(request, budget_s=budget_s)
+        except PodError as exc:
+            _log.info("admission_refused", uid=request.uid, error=str(exc))
+            return reviews.deny(request.uid, str(exc), code=400)
+        except Exception as exc:  # never a 500: an answer per failure policy
+            _log.error("admission_failed", uid=request.uid, error=repr(exc), exc_info=exc)
+            return self._cannot_plan(request.uid, f"internal error in the HCS injector: {exc!r}")
+
+    async def _route(self, request: Request, *, budget_s: float) -> Answer:
+        raw = bytes(request.object)
+        if request.operation == "CREATE":
+            if b"ai.compute/" not in raw and b"hcs.io/" not in raw:
+                return reviews.allow(request.uid)
+            return await self._create(request, _pod(raw, what="object"), budget_s=budget_s)
+        if request.operation == "UPDATE":
+            old = bytes(request.old_object)
+            if b"hcs.io/" not in raw and b"hcs.io/" not in old:
+                return reviews.allow(request.uid)
+            return self._update(request, _pod(raw, what="object"), _pod(old, what="oldObject"))
+        return reviews.allow(request.uid)
+
+    def _trusted(self, request: Request) -> bool:
+        return guarding.is_hcs(request.user_info.username, self.settings.service_accounts)
+
+    def _update(self, request: Request, pod: dict[str, Any], old: dict[str, Any]) -> Answer:
+        if self._trusted(request):
+            return reviews.allow(request.uid)
+        changed = guarding.reserved_changes(
+            demands.annotations_of(pod), demands.annotations_of(old)
+        )
+        if changed:
+            _log.warning("reserved_annotation_change", uid=request.uid, keys=changed,
+                         user=request.user_info.username)
+            return reviews.deny(request.uid, guarding.reserved_message(
+                changed, username=request.user_info.username))
+        return reviews.allow(request.uid)
+
+    async def _create(self, request: Request, pod: dict[str, Any], *, budget_s: float) -> Answer:
+        uid, trusted = request.uid, self._trusted(request)
+        annotations = demands.annotations_of(pod)
+        demand = demands.read(pod)
+        note = self._own_note(request, annotations, demand, trusted=trusted)
+        if not trusted:
+            own = {guarding.PLAN, guarding.PLAN_SIG} if note is not None else set()
+            foreign = [k for k in guarding.reserved(annotations) if k not in own]
+            if foreign:
+                _log.warning("reserved_annotation_set", uid=uid, keys=foreign,
+                             user=request.user_info.username)
+                return reviews.deny(uid, guarding.reserved_message(
+                    foreign, username=request.user_info.username))
+        if demand is None:
+            return reviews.allow(uid)
+        refusal = _privileged(pod, demand)
+        if refusal:
+            return reviews.deny(uid, refusal)
+        choice = rebinding.choose(annotations, self.ctx.rebinding)
+        warnings: list[str] = []
+        if note is None:
+            planned = await self._plan(request, pod, demand, choice, budget_s=budget_s)
+            if isinstance(planned, Answer):
+                return planned
+            note, warnings = plans.note_of(planned), _plan_warnings(planned)
+        values = plans.note_annotations(note, namespace=request.namespace, demand=demand,
+                                   key=self.keys()[0])
+        mutation = mutating.mutate(pod, demand=demand, note=note, plan_annotations=values,
+                                   choice=choice, ctx=self.ctx)
+        _log.info("admission_patched", uid=uid, vendor=note.vendor, model=note.model,
+                  devices=note.devices, ops=len(mutation.ops), dry_run=bool(request.dry_run))
+        return reviews.allow(uid, ops=mutation.ops, warnings=warnings + mutation.warnings)
+
+    def _own_note(
+        self, request: Request, annotations: dict[str, str], demand: Demand | None, *,
+        trusted: bool,
+    ) -> plans.PlanNote | None:
+        """The plan note HCS already put on this pod (reinvocation), if any."""
+        if demand is None or PLAN not in annotations:
+            return None
+        note = plans.verified(annotations, namespace=request.namespace, demand=demand,
+                              keys=self.keys())
+        if note is None and trusted:
+            note = plans.decode(annotations[PLAN])
+        return note
+
+    async def _plan(
+        self, request: Request, pod: dict[str, Any], demand: Demand,
+        choice: rebinding.Choice | None, *, budget_s: float,
+    ) -> Plan | Answer:
+        policy = demand.policy
+        if choice is not None:
+            vendors = rebinding.restrict(policy.vendors, choice, self.ctx.rebinding)
+            policy = msgspec.structs.replace(policy, vendors=vendors)
+        metadata = pod.get("metadata") or {}
+        plan_request = PlanRequest(
+            namespace=request.namespace,
+            requests=demand.requests,
+            policy=policy,
+            pod_name=str(metadata.get("name") or metadata.get("generateName") or ""),
+            dry_run=bool(request.dry_run),
+        )
+        try:
+            async with asyncio.timeout(budget_s):
+                plan = await self.planner(plan_request, budget_s)
+        except (BusTimeout, BusUnavailable, TimeoutError) as exc:
+            return self._cannot_plan(
+                request.uid, f"the HCS placement service did not answer within {budget_s:g}s "
+                f"({exc.__class__.__name__})")
+        except BadMessage as exc:
+            return self._cannot_plan(
+                request.uid, f"the HCS placement service answered badly: {exc}"
+            )
+        if not plan.ok:
+            _log.info("plan_refused", uid=request.uid, reason=plan.reason)
+            return reviews.deny(request.uid, refusal(plan))
+        if not plan.vendor or not plan.model or plan.devices < 1:
+            return self._cannot_plan(
+                request.uid, "the HCS placement service sent an incomplete plan "
+                f"({plan.vendor}/{plan.model} x{plan.devices})"
+            )
+        return plan
+
+    def _cannot_plan(self, uid: str, why: str) -> Answer:
+        _log.warning("plan_unavailable", uid=uid, why=why, policy=self.settings.failure_policy)
+        if self.settings.failure_policy == "fail-open":
+            return reviews.allow(uid, warnings=[
+                f"hcs: admitted WITHOUT accelerator injection (fail-open): {why}"])
+        return reviews.deny(uid, f"{why}; pod not admitted (failure policy fail-closed), "
+                            "retry shortly", code=503)
+
+
+def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
+    try:
+        pod = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise PodError(f"request.{what} is not JSON: {exc}") from exc
+    if pod is None:
+        return {}
+    if not isinstance(pod, dict):
+        raise PodError(f"request.{what} is not a Pod object")
+    if not isinstance(pod.get("metadata", {}), dict):
+        raise PodError(f"request.{what}.metadata is not an object")
+    return pod
+
+
+def _privileged(pod: dict[str, Any], demand: Demand) -> str | None:
+    asking = {(ref.field, ref.index) for ref in demand.targets}
+    chosen = [c for ref, c in demands.containers(pod) if (ref.field, ref.index) in asking]
+    names = guarding.privileged(chosen)
+    if not names:
+        return None
+    return (f"privileged containers cannot request ai.compute/* devices (they see every device "
+            f"on the node): {', '.join(names)}")
+
+
+def refusal(plan: Plan) -> str:
+    parts = [f"no accelerator class can take this pod: {plan.reason or 'refused'}"]
+    if not plan.quota.ok and plan.quota.reason:
+        parts.append(f"quota: {plan.quota.reason}")
+    shown = [f"{r.vendor}/{r.model}: {r.reason}" for r in plan.rejected[:_MAX_REJECTIONS]]
+    if shown:
+        more = len(plan.rejected) - len(shown)
+        parts.append("rejected: " + "; ".join(shown) + (f"; and {more} more" if more else ""))
+    return ". ".join(parts)
+
+
+def _plan_warnings(plan: Plan) -> list[str]:
+    if plan.substituted_from:
+        return [f"hcs: {plan.vendor}/{plan.model} substituted for {plan.substituted_from}"]
+    return []

@@ -1,0 +1,76 @@
+"""Who may set which ``hcs.io/*`` annotation, and which pods may hold devices.
+
+Deny by default: every ``hcs.io/*`` annotation is reserved for HCS's own
+service accounts except the policy and opt-in annotations a user writes
+(``USER_ANNOTATIONS`` and the ``hcs.io/engine-<param>`` family). The kubelet
+resolves device env from reserved annotations at every container start, so a
+user who could write them could pick any device on the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+PREFIX: Final = "hcs.io/"
+USER_ANNOTATIONS: Final = frozenset(
+    {
+        "hcs.io/vendors",
+        "hcs.io/models",
+        "hcs.io/substitution",
+        "hcs.io/job",
+        "hcs.io/topology",
+        "hcs.io/rebind",
+        "hcs.io/engine",
+        "hcs.io/framework",
+        "hcs.io/code-path",
+    }
+)
+USER_PREFIXES: Final = ("hcs.io/engine-",)
+PLAN: Final = "hcs.io/plan"
+PLAN_SIG: Final = "hcs.io/plan-sig"
+
+
+def is_reserved(key: str) -> bool:
+    if not key.startswith(PREFIX):
+        return False
+    return key not in USER_ANNOTATIONS and not key.startswith(USER_PREFIXES)
+
+
+def reserved(annotations: Mapping[str, Any] | None) -> list[str]:
+    """The reserved keys among ``annotations``, sorted."""
+    if not annotations:
+        return []
+    return sorted(key for key in annotations if is_reserved(key))
+
+
+def reserved_changes(
+    new: Mapping[str, Any] | None, old: Mapping[str, Any] | None
+) -> list[str]:
+    """Reserved keys added, removed or changed between ``old`` and ``new``."""
+    new = new or {}
+    old = old or {}
+    keys = set(reserved(new)) | set(reserved(old))
+    return sorted(key for key in keys if new.get(key) != old.get(key))
+
+
+def is_hcs(username: str, service_accounts: Iterable[str]) -> bool:
+    return username in set(service_accounts)
+
+
+def privileged(containers: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Names of the privileged containers among ``containers``."""
+    names = []
+    for container in containers:
+        context = container.get("securityContext") or {}
+        if isinstance(context, dict) and context.get("privileged") is True:
+            names.append(str(container.get("name", "?")))
+    return names
+
+
+def reserved_message(keys: list[str], *, username: str) -> str:
+    return (
+        f"annotations {', '.join(keys)} are reserved for HCS and may only be set by its "
+        f"service accounts (request by {username or 'an unknown user'}); "
+        f"users may set {', '.join(sorted(USER_ANNOTATIONS))} and hcs.io/engine-<param>"
+    )

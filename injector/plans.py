@@ -1,0 +1,92 @@
+"""The plan note a pod carries (``hcs.io/plan``) and its signature.
+
+The note tells bind which class was planned. It is signed (HMAC-SHA256 over
+namespace, note and the pod's demand, ``hcs.io/plan-sig``) so that when the
+API server invokes the webhook again (reinvocation) the injector recognises
+its own note and does not plan twice, while a note a user wrote is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Iterable
+
+import msgspec
+
+from hcs_bus.messages import Plan, Requests
+from injector.demands import Demand
+from injector.guarding import PLAN, PLAN_SIG
+
+
+class PlanNote(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    vendor: str
+    model: str
+    models: tuple[str, ...] = ()
+    devices: int
+    vram_mib_per_device: int
+    whole_device: bool = False
+    acu_per_device: float = 0.0
+    v: int = 1
+
+    @property
+    def node_models(self) -> tuple[str, ...]:
+        return self.models or (self.model,)
+
+    def requests(self) -> Requests:
+        return Requests(vram_mib=self.vram_mib_per_device * self.devices, devices=self.devices)
+
+
+_ENCODER = msgspec.json.Encoder(order="deterministic")
+_DECODER = msgspec.json.Decoder(PlanNote)
+
+
+def note_of(plan: Plan) -> PlanNote:
+    return PlanNote(
+        vendor=plan.vendor,
+        model=plan.model,
+        models=tuple(plan.models),
+        devices=plan.devices,
+        vram_mib_per_device=plan.vram_mib_per_device,
+        whole_device=plan.whole_device,
+        acu_per_device=plan.acu_per_device,
+    )
+
+
+def encode(note: PlanNote) -> str:
+    return _ENCODER.encode(note).decode()
+
+
+def signature(text: str, *, namespace: str, demand: Demand, key: bytes) -> str:
+    digest = _ENCODER.encode((namespace, text, demand.requests, demand.policy))
+    mac = hmac.new(key, digest, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def note_annotations(
+    note: PlanNote, *, namespace: str, demand: Demand, key: bytes
+) -> dict[str, str]:
+    text = encode(note)
+    return {PLAN: text, PLAN_SIG: signature(text, namespace=namespace, demand=demand, key=key)}
+
+
+def verified(
+    found: dict[str, str], *, namespace: str, demand: Demand, keys: Iterable[bytes]
+) -> PlanNote | None:
+    """The note in ``found`` if one of ``keys`` signed it for this demand, else None."""
+    text, sig = found.get(PLAN), found.get(PLAN_SIG)
+    if text is None or sig is None:
+        return None
+    for key in keys:
+        expected = signature(text, namespace=namespace, demand=demand, key=key)
+        if hmac.compare_digest(expected, sig):
+            return decode(text)
+    return None
+
+
+def decode(text: str) -> PlanNote | None:
+    try:
+        return _DECODER.decode(text)
+    except msgspec.MsgspecError:
+        return None
