@@ -25,7 +25,7 @@ from hcs_bus.profiles import ProfileDB
 
 TOOL = "npu-smi"
 VENDOR = "huawei"
-_PAIR = re.compile(r"(\d+)\s*/\s*(\d+)")
+_PAIR = re.compile(r"(?<![\w.])(\d+)\s*/\s*(\d+)(?![\w.])")
 HEALTH_SCORES = {"ok": 100, "warning": 70, "alarm": 40, "critical": 0}
 
 

@@ -1,0 +1,189 @@
+"""Vendor-tool parsers on recorded outputs, and on truncated / garbled ones."""
+
+from __future__ import annotations
+
+import json
+
+from agents.parsing import normalize_bus_id, npu_smi, hy_smi, cnmon, nvml_readings
+from tests.agents.conftest import FIXTURES, fixture_text
+
+
+def test_bus_ids_from_every_tool_normalise_to_the_sysfs_spelling() -> None:
+    assert normalize_bus_id("00000000:07:00.0") == "0000:07:00.0"
+    assert normalize_bus_id("0000:C1:00.0") == "0000:c1:00.0"
+    assert normalize_bus_id("4F:00.0") == "0000:4f:00.0"
+
+
+def test_npu_smi_info_lists_eight_910b2_with_hbm_and_health(db) -> None:
+    parsed = npu_smi.parse_info(fixture_text("npu-smi-info-910b.txt"), db=db)
+    assert parsed.errors == ()
+    assert [d.index for d in parsed.devices] == list(range(8))
+    first = parsed.devices[0]
+    assert (first.vendor, first.model) == ("huawei", "Ascend910B2")
+    assert (first.vram_total_mib, first.vram_free_mib) == (65536, 65536 - 3161)
+    assert first.pci_bus_id == "0000:c1:00.0"
+    assert first.telemetry.temperature_c == 40 and first.telemetry.power_w == 93.6
+    assert first.compute.acu_profile > 0
+    assert parsed.devices[2].telemetry.utilisation_pct == 12
+    assert parsed.devices[4].health_score == 70  # "Warning"
+
+
+def test_npu_smi_truncated_output_marks_the_cut_device_and_keeps_the_others(db) -> None:
+    lines = fixture_text("npu-smi-info-910b.txt").splitlines()
+    cut = next(i for i, line in enumerate(lines) if line.startswith("| 3     910B2"))
+    parsed = npu_smi.parse_info("\n".join(lines[: cut + 1]), db=db)
+    assert [d.index for d in parsed.devices] == [0, 1, 2, 3]
+    assert all(d.error is None for d in parsed.devices[:3])
+    assert parsed.devices[3].error and "truncated" in parsed.devices[3].error
+    assert [e.device for e in parsed.errors] == [3]
+
+
+def test_npu_smi_garbled_row_gives_a_clear_error_for_that_device_only(db) -> None:
+    text = fixture_text("npu-smi-info-910b.txt").replace("0000:81:00.0", "0000:ZZ:00.0")
+    text = text.replace("3162 / 65536", "31x2 / 65536", 1)
+    parsed = npu_smi.parse_info(text, db=db)
+    broken = {d.index: d.error for d in parsed.devices if d.error}
+    assert set(broken) == {1, 4}
+    assert "not a PCI bus id" in broken[4] and "memory usage" in broken[1]
+    assert len([d for d in parsed.devices if d.error is None]) == 6
+
+
+def test_npu_smi_garbage_is_one_error_and_no_devices(db) -> None:
+    parsed = npu_smi.parse_info("npu-smi: command failed, dcmi module initialize failed", db=db)
+    assert parsed.devices == () and "no NPU rows" in parsed.errors[0].reason
+
+
+def test_npu_smi_board_and_health_key_values() -> None:
+    board = npu_smi.parse_kv(fixture_text("npu-smi-info-t-board-910b.txt"))
+    assert board["Serial Number"] == "102375029830" and board["PCI Device ID"] == "0xD802"
+    status, code = npu_smi.health_of(npu_smi.parse_kv(fixture_text("npu-smi-info-t-health-910b.txt")))
+    assert (status, code) == ("Warning", "80E18005")
+
+
+def _hy(text_table: str, text_details: str, db):
+    table, errors = hy_smi.parse_table(text_table)
+    return hy_smi.parse(hy_smi.merge(table, hy_smi.parse_details(text_details)), db=db, errors=errors)
+
+
+def test_hy_smi_table_and_details_give_eight_k100_ai(db) -> None:
+    parsed = _hy(fixture_text("hy-smi-k100.txt"), fixture_text("hy-smi-k100-details.txt"), db)
+    assert parsed.errors == ()
+    assert len(parsed.devices) == 8
+    five = parsed.devices[5]
+    assert (five.vendor, five.model) == ("hygon", "K100-AI")
+    assert (five.vram_total_mib, five.vram_free_mib) == (65520, 65520 - 2048)
+    assert five.telemetry.utilisation_pct == 97 and five.telemetry.power_limit_w == 350
+    assert five.pci_bus_id == "0000:9d:00.0" and five.uuid.startswith("hygon-0x")
+
+
+def test_hy_smi_json_output_with_a_warning_line_in_front(db) -> None:
+    parsed = hy_smi.parse(hy_smi.parse_json(fixture_text("hy-smi-k100.json")), db=db)
+    assert [d.model for d in parsed.devices] == ["K100-AI", "K100-AI"]
+    assert parsed.devices[1].telemetry.temperature_c == 48
+
+
+def test_hy_smi_missing_memory_lines_break_only_that_dcu(db) -> None:
+    details = "\n".join(
+        line for line in fixture_text("hy-smi-k100-details.txt").splitlines()
+        if not (line.startswith("DCU[7]") and "vram" in line)
+    )
+    parsed = _hy(fixture_text("hy-smi-k100.txt"), details, db)
+    assert [d.index for d in parsed.devices if d.error] == [7]
+    assert "--showmeminfo vram" in (parsed.devices[7].error or "")
+    assert parsed.errors[0].device == 7
+
+
+def test_hy_smi_garbled_table_row_names_the_column_mismatch(db) -> None:
+    table = fixture_text("hy-smi-k100.txt").replace("52.0C    133.0W", "52.0C")
+    parsed = _hy(table, fixture_text("hy-smi-k100-details.txt"), db)
+    assert [d.index for d in parsed.devices if d.error] == [5]
+    assert "columns" in str(parsed.errors[0])
+
+
+def test_cnmon_table_with_info_gives_eight_mlu370(db) -> None:
+    info = cnmon.parse_info(fixture_text("cnmon-info-mlu370-x8.txt"))
+    assert info[0]["Physical Memory Usage.Total"] == "23374 MiB"
+    parsed = cnmon.parse_table(fixture_text("cnmon-mlu370-x8.txt"), db=db, info=info)
+    assert parsed.errors == ()
+    assert len(parsed.devices) == 8
+    three = parsed.devices[3]
+    assert (three.vendor, three.model) == ("cambricon", "MLU370-X8")
+    assert (three.vram_total_mib, three.vram_free_mib) == (23374, 23374 - 18210)
+    assert three.telemetry.utilisation_pct == 63 and three.telemetry.power_limit_w == 250
+    assert parsed.devices[0].uuid == "mlu-4C1B3E0A-8D4F-2C3A-0000-000000000000"
+    assert three.pci_bus_id == "0000:54:00.0"
+
+
+def test_cnmon_truncated_table_marks_the_half_printed_mlu(db) -> None:
+    lines = fixture_text("cnmon-mlu370-x8.txt").splitlines()
+    cut = next(i for i, line in enumerate(lines) if line.startswith("| 5     /"))
+    parsed = cnmon.parse_table("\n".join(lines[: cut + 1]), db=db)
+    assert [d.index for d in parsed.devices] == [0, 1, 2, 3, 4, 5]
+    assert [d.index for d in parsed.devices if d.error] == [5]
+
+
+def test_cnmon_garbled_memory_cell_is_an_error_for_that_mlu(db) -> None:
+    text = fixture_text("cnmon-mlu370-x8.txt").replace("18210 MiB/ 23374 MiB", "?????????????????")
+    parsed = cnmon.parse_table(text, db=db)
+    assert [d.index for d in parsed.devices if d.error] == [3]
+    assert "MiB" in str(parsed.errors[0])
+
+
+def _readings() -> list[dict]:
+    return json.loads((FIXTURES / "nvml-readings-a100x4.json").read_text())
+
+
+def test_nvml_readings_become_a100_fingerprints_with_nvlink_per_peer(db) -> None:
+    parsed = nvml_readings.convert(_readings(), db=db)
+    assert parsed.errors == ()
+    zero = parsed.devices[0]
+    assert (zero.model, zero.compute_capability, zero.vram_total_mib) == ("A100-80G", "8.0", 81920)
+    assert zero.pci_bus_id == "0000:07:00.0" and zero.numa_node == 0
+    assert zero.compute.acu_profile == 100
+    assert [(l.peer_index, l.type, l.bandwidth_gbps) for l in zero.links] == [
+        (1, "nvlink", 200.0), (2, "nvlink", 200.0), (3, "nvlink", 200.0)
+    ]
+    assert zero.links[0].peer_bus_id == "0000:0f:00.0"
+    two, three = parsed.devices[2], parsed.devices[3]
+    assert two.telemetry.throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown")
+    assert three.telemetry.ecc_corrected == 12 and three.telemetry.remap_pending
+    assert three.telemetry.remapped_rows == 1
+
+
+def test_gpus_without_nvlink_get_pcie_links_scaled_by_common_ancestor(db) -> None:
+    readings = _readings()
+    for reading in readings:
+        reading["nvlinks"] = []
+    zero = nvml_readings.convert(readings, db=db).devices[0]
+    by_peer = {l.peer_index: l for l in zero.links}
+    assert {l.type for l in zero.links} == {"pcie"}
+    assert by_peer[1].bandwidth_gbps > by_peer[2].bandwidth_gbps  # same NUMA node vs across
+    assert by_peer[1].bandwidth_gbps < 200
+
+
+def test_nvswitch_links_reach_every_gpu_at_the_full_bandwidth(db) -> None:
+    readings = _readings()
+    for reading in readings:
+        reading["nvlinks"] = [
+            {"link": k, "version": 3, "remote_bus_id": "00000000:C1:00.0", "remote_type": "switch"}
+            for k in range(12)
+        ]
+    zero = nvml_readings.convert(readings, db=db).devices[0]
+    assert [(l.type, l.bandwidth_gbps) for l in zero.links] == [("nvlink", 600.0)] * 3
+
+
+def test_a_gpu_nvml_could_not_read_is_reported_broken_and_the_rest_stay(db) -> None:
+    readings = _readings()
+    readings[1] = {"index": 1, "error": "GPU is lost"}
+    del readings[2]["memory_total_b"]
+    parsed = nvml_readings.convert(readings, db=db)
+    assert [d.index for d in parsed.devices if d.error] == [1, 2]
+    assert "GPU is lost" in (parsed.devices[1].error or "")
+    assert "memory_total_b" in (parsed.devices[2].error or "")
+    assert [l.peer_index for l in parsed.devices[0].links] == [3]
+
+
+def test_clock_event_reasons_decode_names_and_keep_unknown_bits() -> None:
+    assert nvml_readings.clock_event_reasons(0x0) == ()
+    assert nvml_readings.clock_event_reasons(0x4 | 0x8) == ("sw_power_cap", "hw_slowdown")
+    assert nvml_readings.clock_event_reasons(0x10000) == ("unknown_0x10000",)
