@@ -1,0 +1,294 @@
+"""The healer end to end: a real nats-server, the API double, small windows."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from hcs_bus import checkpoint, messages, subjects
+from hcs_bus.bus import Bus
+from hcs_bus.kube import Kube
+from hcs_bus.messages import HealthEvent, Telemetry
+from hcs_bus.settings import HealerSettings
+from healer import rules
+from healer.acting import Actor
+from healer.healing import Healer
+from healer.sidecar import REQUEST_FILE, Sidecar
+from tests.apiserver import ApiServer
+from tests.healer.conftest import bound, fingerprint, health
+
+OTHER = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+Make = Callable[..., Awaitable[Healer]]
+
+
+async def wait_until(cond: Callable[[], bool], *, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def make(bus: Bus) -> AsyncIterator[Make]:
+    made: list[Healer] = []
+
+    async def build(kube: Kube | None, *, dry_run: bool = False, identity: str = "h1",
+                    durable: str | None = None, fraction: float = 0.5, stale_s: float = 60.0,
+                    ) -> Healer:
+        settings = HealerSettings(
+            dry_run=dry_run, degraded_window_s=0.3, recovery_window_s=0.6,
+            checkpoint_wait_s=5.0, breaker_max_fraction=fraction, retry_period_s=0.1,
+            renew_deadline_s=1.0, lease_duration_s=1.5,
+        )
+        rule_set = msgspec.structs.replace(
+            rules.load(degraded_window_s=0.3, recovery_window_s=0.6),
+            min_change_interval_s=0.05, node_stale_s=stale_s,
+        )
+        actor = Actor(bus=bus, kube=kube, dry_run=dry_run, retry_initial_s=0.05,
+                      retry_max_s=0.2)
+        healer = Healer(bus, kube, settings, identity=identity, rule_set=rule_set, actor=actor,
+                        durable=durable or f"t-{uuid.uuid4().hex[:8]}")
+        await healer.start()
+        made.append(healer)
+        return healer
+
+    yield build
+    for healer in made:
+        await healer.stop()
+        if healer.durable.startswith("t-"):
+            try:
+                await healer.bus.js.delete_consumer("HCS_HEALTH", f"{healer.durable}-health")
+            except Exception:
+                pass
+
+
+async def publish(bus: Bus, event: Any, subject: str) -> None:
+    await bus.publish(subject, event, msg_id=uuid.uuid4().hex)
+
+
+def our_taint(api: ApiServer, node: str) -> dict[str, Any] | None:
+    taints = api.nodes[node].get("spec", {}).get("taints") or []
+    return next((t for t in taints if t["key"] == "hcs.io/unhealthy"), None)
+
+
+def condition(api: ApiServer, node: str) -> dict[str, Any] | None:
+    conds = api.nodes[node]["status"].get("conditions") or []
+    return next((c for c in conds if c["type"] == "HCSHealthy"), None)
+
+
+async def collect(bus: Bus, subject: str) -> tuple[list[Any], Any]:
+    got: list[Any] = []
+
+    async def on(msg: Any) -> None:
+        got.append(msgspec.json.decode(msg.data))
+
+    return got, await bus.nc.subscribe(subject, cb=on)
+
+
+async def ready(healer: Healer) -> None:
+    await wait_until(lambda: healer.ready.is_set())
+
+
+async def test_a_fatal_xid_taints_without_clobbering_and_recovery_untaints(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1", taints=[OTHER])
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    verdicts, sub = await collect(bus, subjects.health("n1"))
+    await publish(bus, health("n1", code=79, device=1), subjects.health("n1"))
+    await wait_until(lambda: our_taint(apiserver, "n1") is not None)
+    assert our_taint(apiserver, "n1")["effect"] == "NoSchedule"  # type: ignore[index]
+    assert OTHER in apiserver.nodes["n1"]["spec"]["taints"]
+    await wait_until(lambda: (condition(apiserver, "n1") or {}).get("status") == "False")
+    await wait_until(lambda: any(v.get("kind") == "verdict" for v in verdicts))
+    device_verdict = next(v for v in verdicts if v["kind"] == "verdict" and v.get("device") == 1)
+    assert (device_verdict["verdict"], device_verdict["health_score"]) == ("failed", 0)
+    assert device_verdict["source"] == "healer" and device_verdict["evidence"]["code"] == 79
+    for seq in range(2, 40):  # the device is back and healthy for longer than the window
+        await publish(bus, fingerprint("n1", seq=seq), subjects.fp("n1"))
+        if our_taint(apiserver, "n1") is None:
+            break
+        await asyncio.sleep(0.05)
+    await wait_until(lambda: our_taint(apiserver, "n1") is None)
+    assert apiserver.nodes["n1"]["spec"]["taints"] == [OTHER]
+    await wait_until(lambda: (condition(apiserver, "n1") or {}).get("status") == "True")
+    await sub.unsubscribe()
+
+
+async def test_only_pods_on_the_failed_devices_are_evicted_and_a_pdb_refusal_is_retried(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    requests, sub = await collect(bus, "hcs.ckpt.request.>")
+    for name, node in (("on-bad", "n1"), ("on-good", "n1"), ("elsewhere", "n2")):
+        apiserver.add_pod("ml", name, node=node, labels={"app": name})
+    apiserver.add_pdb("ml", "pdb", match_labels={"app": "on-bad"}, min_available=1)
+    await publish(bus, bound("n1", "on-bad", (0, 1), job="llama"), subjects.alloc("n1"))
+    await publish(bus, bound("n1", "on-good", (2,)), subjects.alloc("n1"))
+    await publish(bus, bound("n2", "elsewhere", (1,)), subjects.alloc("n2"))
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    await publish(bus, health("n1", code=79, device=1), subjects.health("n1"))
+
+    def refusals() -> int:
+        return sum(1 for r in apiserver.requests if r.resource == "pods/eviction")
+
+    await wait_until(lambda: refusals() >= 2)
+    assert ("ml", "on-bad") in apiserver.pods  # the PDB holds it
+    apiserver.set_pdb("ml", "pdb", minAvailable=0)
+    await wait_until(lambda: ("ml", "on-bad") not in apiserver.pods)
+    assert {("ml", "on-good"), ("ml", "elsewhere")} <= set(apiserver.pods)
+    evicted = {r.path.split("/")[-2] for r in apiserver.requests if r.resource == "pods/eviction"}
+    assert evicted == {"on-bad"}
+    assert requests == []  # failed: evicted at once, no checkpoint request
+    await sub.unsubscribe()
+
+
+async def test_dry_run_publishes_the_actions_and_calls_no_api(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    apiserver.add_pod("ml", "p", node="n1")
+    await publish(bus, bound("n1", "p", (0,)), subjects.alloc("n1"))
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube, dry_run=True)
+    await ready(healer)
+    events, sub = await collect(bus, subjects.health("n1"))
+    await publish(bus, health("n1", kind="device_lost", device=0, severity="fatal"),
+                  subjects.health("n1"))
+    await wait_until(lambda: {e["evidence"].get("action") for e in events
+                              if e["kind"] == "action"} >= {"taint", "evict"})
+    taint = next(e for e in events if e["kind"] == "action"
+                 and e["evidence"]["action"] == "taint")
+    assert taint["evidence"]["dry_run"] is True
+    assert taint["evidence"]["taint"].endswith(":NoSchedule")
+    assert taint["evidence"]["pods"] == "ml/p"
+    writes = [r for r in apiserver.requests if r.verb in ("patch", "create", "update")
+              and not r.resource.startswith("leases")]
+    assert writes == [] and our_taint(apiserver, "n1") is None
+    await sub.unsubscribe()
+
+
+async def test_two_healers_with_one_lease_only_one_acts(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    durable = f"t-{uuid.uuid4().hex[:8]}"
+    a = await make(kube, identity="a", durable=durable)
+    b = await make(kube, identity="b", durable=durable)
+    await wait_until(lambda: a.leader.is_leader or b.leader.is_leader)
+    await asyncio.sleep(0.3)  # several retry periods: the other never wins
+    assert [a.leader.is_leader, b.leader.is_leader].count(True) == 1
+    leader = a if a.leader.is_leader else b
+    await ready(leader)
+    verdicts, sub = await collect(bus, subjects.health("n1"))
+    await publish(bus, health("n1", code=79, device=0), subjects.health("n1"))
+    await wait_until(lambda: our_taint(apiserver, "n1") is not None)
+    await asyncio.sleep(0.3)
+    taint_writes = [r for r in apiserver.requests if r.resource == "nodes" and r.verb == "patch"]
+    assert len(taint_writes) == 1
+    assert len([v for v in verdicts if v["kind"] == "verdict" and v.get("device") == 0]) == 1
+    lease = apiserver.leases[("hcs-system", "hcs-healer")]
+    assert lease["spec"]["holderIdentity"] == leader.leader.identity
+    await sub.unsubscribe()
+
+
+async def test_degraded_asks_for_a_checkpoint_and_evicts_after_it_arrives(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make, tmp_path: Path
+) -> None:
+    apiserver.add_node("n1")
+    apiserver.add_pod("ml", "trainer-0", node="n1")
+    await checkpoint.report(bus, namespace="ml", job="llama", uri="old", step=10)
+    await publish(bus, bound("n1", "trainer-0", (0,), job="llama"), subjects.alloc("n1"))
+    sidecar = Sidecar(bus, root=tmp_path, namespace="ml", job="llama", interval_s=0.05)
+    side = asyncio.get_running_loop().create_task(sidecar.run())
+    saved_at: list[float] = []
+    evicted_at: list[float] = []
+    apiserver.before("create", "pods/eviction", lambda: evicted_at.append(time.monotonic()))
+
+    async def trainer() -> None:  # saves when asked through the request file
+        await wait_until(lambda: (tmp_path / REQUEST_FILE).exists())
+        (tmp_path / "checkpoint-20").mkdir()
+        (tmp_path / "checkpoint-20" / "trainer_state.json").write_text("{}")
+        saved_at.append(time.monotonic())
+
+    train = asyncio.get_running_loop().create_task(trainer())
+    healer = await make(kube)
+    await ready(healer)
+    slow = Telemetry(throttle_reasons=("hw_slowdown",), temperature_c=50)
+    try:
+        for seq in range(1, 60):
+            await publish(bus, fingerprint("n1", seq=seq, telemetry=slow), subjects.fp("n1"))
+            if ("ml", "trainer-0") not in apiserver.pods:
+                break
+            await asyncio.sleep(0.05)
+        await wait_until(lambda: ("ml", "trainer-0") not in apiserver.pods)
+        assert our_taint(apiserver, "n1")["effect"] == "PreferNoSchedule"  # type: ignore[index]
+        latest = await checkpoint.latest(bus, namespace="ml", job="llama")
+        assert latest is not None and latest.step == 20
+        assert saved_at and evicted_at and evicted_at[0] > saved_at[0]
+    finally:
+        train.cancel()
+        side.cancel()
+        await asyncio.gather(train, side, return_exceptions=True)
+
+
+async def test_the_breaker_alerts_instead_of_isolating_too_many_nodes(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    nodes = [f"b{i}" for i in range(10)]
+    for node in nodes:
+        apiserver.add_node(node)
+        await publish(bus, fingerprint(node), subjects.fp(node))
+    healer = await make(kube, fraction=0.2)  # 2 of 10
+    await ready(healer)
+    await wait_until(lambda: len(healer.fleet.nodes) == 10)
+    alerts, sub = await collect(bus, "hcs.health.*")
+    for node in nodes[:4]:
+        await publish(bus, health(node, code=79, device=0), subjects.health(node))
+    await wait_until(lambda: len([a for a in alerts if a["kind"] == "breaker_open"]) == 2)
+    tainted = [n for n in nodes if our_taint(apiserver, n) is not None]
+    assert len(tainted) == 2
+    assert {a["node"] for a in alerts if a["kind"] == "breaker_open"} == set(nodes[:4]) - set(
+        tainted
+    )
+    await sub.unsubscribe()
+
+
+async def test_a_node_whose_fingerprints_stop_is_lost_and_gets_no_execute(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube, stale_s=0.5)
+    await ready(healer)
+    await wait_until(lambda: our_taint(apiserver, "n1") is not None, timeout_s=5.0)
+    taint = our_taint(apiserver, "n1")
+    assert taint is not None and taint["effect"] == "NoExecute" and "timeAdded" in taint
+
+
+async def test_unknown_kinds_are_counted_and_nothing_is_done(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    event = HealthEvent(node="n1", kind="gremlins", severity="fatal", source="agent",
+                        time_s=1.0, device=0)
+    await publish(bus, event, subjects.health("n1"))
+    await wait_until(lambda: healer.unknown == 1)
+    assert our_taint(apiserver, "n1") is None
+    assert messages.decode(messages.encode(event), HealthEvent).kind == "gremlins"
