@@ -80,6 +80,7 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     weight_job_affinity: float = 1.0
     weight_right_size: float = 1.0
     weight_topology: float = 1.0
+    reserve_ttl_s: float = 60.0
 
 
 class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):

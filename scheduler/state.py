@@ -212,6 +212,24 @@ def _book(node: NodeView, doc: NodeReservations | None) -> None:
                 device.slice_owners.add(key)
 
 
+def booked(node: NodeView, doc: NodeReservations | None) -> NodeView:
+    """A copy of ``node`` holding ``doc`` as its reservations (verdicts kept):
+    what the node would look like with that KV document."""
+    copy = NodeView(
+        name=node.name,
+        fingerprint=node.fingerprint,
+        seen_at=node.seen_at,
+        devices={
+            i: DeviceView(fp=d.fp, verdict=d.verdict, health_score=d.health_score)
+            for i, d in node.devices.items()
+        },
+        stale=node.stale,
+        verdict=node.verdict,
+    )
+    _book(copy, doc)
+    return copy
+
+
 def fleet_totals(nodes: Iterable[NodeView]) -> dict[str, float]:
     """Devices, VRAM and ACU totals over nodes (for ``hcs top``)."""
     totals = {"nodes": 0.0, "devices": 0.0, "vram_total_mib": 0.0, "vram_free_mib": 0.0}

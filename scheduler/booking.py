@@ -1,0 +1,307 @@
+"""Reservations in KV ``hcs_alloc``: bind, release and expiry (DESIGN §1, §2.3).
+
+Every write is a compare-and-set on the node key's revision (``create`` when
+the key is absent), so two replicas can never hand out the same device
+slice: the loser re-reads the document, re-decides against it and either
+books other devices or answers "no longer fits". Fit is judged on the KV
+document itself (plus the view's fingerprint for the devices), never on the
+possibly lagging view.
+
+Bind: reserve (``reserved``) → POST the Binding with the ``hcs.io/*``
+annotations → mark ``bound`` → publish ``AllocationEvent bound``. A failed
+Binding releases the reservation; one left ``reserved`` by a crash expires
+after ``reserve_ttl_s`` (``AllocationEvent expired``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import msgspec
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from hcs_bus import messages, subjects
+from hcs_bus.bus import Bus
+from hcs_bus.errors import CasConflict, HcsError
+from hcs_bus.messages import (
+    AllocationEvent,
+    AllocState,
+    CheckpointEvent,
+    DeviceSlice,
+    NodeReservations,
+    PodRef,
+    Reservation,
+)
+from hcs_bus.telemetry import logger, meter
+from scheduler import pods
+from scheduler.placing import Demand, check_node, choose_devices
+from scheduler.state import ClusterState, booked
+
+_log = logger("hcs.scheduler.booking")
+_meter = meter("hcs.scheduler")
+BINDS = _meter.create_counter("hcs_scheduler_binds", description="bind outcomes")
+CONFLICTS = _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
+MAX_ATTEMPTS = 50
+_DOC = messages.decoder_for(NodeReservations)
+_CKPT = messages.decoder_for(CheckpointEvent)
+
+
+class Kube(Protocol):
+    """The part of ``hcs_bus.kube.Kube`` the scheduler uses."""
+
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
+    ) -> Any: ...
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def watch_pods(
+        self, *, field_selector: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
+    async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]: ...
+
+
+class Doc(msgspec.Struct, frozen=True):
+    doc: NodeReservations | None
+    revision: int | None
+
+
+def device_annotations(
+    *, vendor: str, slices: tuple[DeviceSlice, ...], resume_from: str | None
+) -> dict[str, str]:
+    """The ``hcs.io/*`` annotations the Binding carries. NVIDIA's runtime takes
+    UUIDs (stable across reboots); the other vendors' runtimes take indices."""
+    ids = [s.uuid if vendor == "nvidia" and s.uuid else str(s.index) for s in slices]
+    quota = ",".join(f"{i}:{s.vram_mib}Mi" for i, s in enumerate(slices))
+    out = {pods.DEVICES_ANNOTATION: ",".join(ids), pods.VRAM_QUOTA_ANNOTATION: quota}
+    if resume_from:
+        out[pods.RESUME_ANNOTATION] = resume_from
+    return out
+
+
+def expired(doc: NodeReservations, *, now: float, ttl_s: float) -> list[Reservation]:
+    """Reservations stuck in ``reserved`` for longer than ``ttl_s``."""
+    return [r for r in doc.reservations if r.state == "reserved" and now - r.time_s > ttl_s]
+
+
+def _same_pod(a: PodRef, b: PodRef) -> bool:
+    return a.namespace == b.namespace and a.name == b.name and (not a.uid or not b.uid or
+                                                                 a.uid == b.uid)
+
+
+class Booker:
+    """Bind, release and expire reservations for one replica."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        kv: KeyValue,
+        ckpt: KeyValue | None,
+        state: ClusterState,
+        kube: Kube | None,
+        replica: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus, self.kv, self.ckpt, self.state = bus, kv, ckpt, state
+        self.kube, self.replica, self.clock = kube, replica, clock
+
+    # -- KV documents -----------------------------------------------------
+    async def read(self, node: str) -> Doc:
+        try:
+            entry = await self.kv.get(subjects.alloc_key(node))
+        except KeyNotFoundError:
+            return Doc(None, None)
+        if not entry.value:
+            return Doc(None, entry.revision)
+        return Doc(_DOC.decode(entry.value), entry.revision)
+
+    async def write(self, node: str, doc: NodeReservations, *, revision: int | None) -> int:
+        key, data = subjects.alloc_key(node), messages.encode(doc)
+        try:
+            if revision is None:
+                return int(await self.kv.create(key, data))
+            return int(await self.kv.update(key, data, last=revision))
+        except KeyWrongLastSequenceError as exc:
+            CONFLICTS.add(1)
+            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
+
+    # -- bind -------------------------------------------------------------
+    async def bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
+        """Reserve, bind and announce; returns "" or the error for kube-scheduler."""
+        try:
+            reservation = await self._reserve(pod, demand, node=node)
+        except HcsError as exc:
+            BINDS.add(1, {"outcome": "refused"})
+            return str(exc)
+        if isinstance(reservation, str):
+            BINDS.add(1, {"outcome": "no_longer_fits"})
+            return reservation
+        note = await self._post_binding(pod, reservation, node=node, vendor=demand.vendor)
+        if note.startswith("hcs: Binding failed"):
+            await self.release(pod.ref, reason=note, state="released")
+            BINDS.add(1, {"outcome": "binding_failed"})
+            return note
+        await self._mark_bound(pod.ref, node=node)
+        await self._announce(node, reservation, state="bound", reason=note)
+        BINDS.add(1, {"outcome": "bound"})
+        return ""
+
+    async def _reserve(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> Reservation | str:
+        view = self.state.nodes.get(node)
+        if view is None:
+            return f"hcs: node {node} is unknown to HCS; cannot bind {pod.ref.name}"
+        for _ in range(MAX_ATTEMPTS):
+            held = await self.read(node)
+            current = held.doc.reservations if held.doc else ()
+            mine = next((r for r in current if _same_pod(r.pod, pod.ref)), None)
+            if mine is not None:
+                return mine
+            fit = check_node(booked(view, held.doc), demand)
+            if not fit.ok:
+                who = f"{pod.ref.namespace}/{pod.ref.name}"
+                return f"hcs: {node} no longer fits {who}: {fit.reason}"
+            reservation = self._reservation(pod, demand, fit_devices=choose_devices(fit, demand))
+            doc = NodeReservations(node=node, reservations=(*current, reservation))
+            try:
+                await self.write(node, doc, revision=held.revision)
+            except CasConflict:
+                continue
+            return reservation
+        raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
+
+    def _reservation(
+        self, pod: pods.PodInfo, demand: Demand, *, fit_devices: list[Any]
+    ) -> Reservation:
+        slices = tuple(
+            DeviceSlice(
+                index=d.index,
+                uuid=d.fp.uuid,
+                vram_mib=d.fp.vram_total_mib if demand.whole_device else demand.vram_mib_per_device,
+                whole=demand.whole_device,
+            )
+            for d in fit_devices
+        )
+        acu = demand.acu_per_device * demand.devices
+        return Reservation(
+            pod=pod.ref, devices=slices, state="reserved", time_s=self.clock(),
+            vendor=demand.vendor, model=demand.model, acu=acu, job=pod.job, priority=pod.priority,
+        )
+
+    async def _post_binding(
+        self, pod: pods.PodInfo, reservation: Reservation, *, node: str, vendor: str
+    ) -> str:
+        resume = await self._resume_from(pod)
+        annotations = device_annotations(
+            vendor=vendor, slices=reservation.devices, resume_from=resume
+        )
+        if self.kube is None:
+            _log.info("no_cluster_binding_not_posted", pod=pod.ref.name, node=node)
+            return "no cluster: Binding not posted"
+        try:
+            await self.kube.bind_pod(
+                pod.ref.namespace, pod.ref.name, uid=pod.ref.uid, node=node,
+                annotations=annotations,
+            )
+        except Exception as exc:  # every Kube* error, and the unexpected
+            _log.warning("binding_failed", pod=pod.ref.name, node=node, error=repr(exc))
+            return f"hcs: Binding failed for {pod.ref.namespace}/{pod.ref.name} on {node}: {exc}"
+        return ""
+
+    async def _resume_from(self, pod: pods.PodInfo) -> str | None:
+        if self.ckpt is None or not pod.job:
+            return None
+        try:
+            entry = await self.ckpt.get(subjects.ckpt_key(pod.ref.namespace, pod.job))
+        except (KeyNotFoundError, ValueError):
+            return None
+        if not entry.value:
+            return None
+        try:
+            return _CKPT.decode(entry.value).uri or None
+        except msgspec.MsgspecError as exc:
+            _log.warning("bad_checkpoint_doc", job=pod.job, error=str(exc))
+            return None
+
+    async def _mark_bound(self, ref: PodRef, *, node: str) -> None:
+        def mark(r: Reservation) -> Reservation | None:
+            return msgspec.structs.replace(r, state="bound") if _same_pod(r.pod, ref) else r
+
+        await self._edit(node, mark)
+
+    # -- release / expiry -------------------------------------------------
+    async def release(
+        self, ref: PodRef, *, reason: str, state: AllocState = "released", node: str | None = None
+    ) -> AllocationEvent | None:
+        """CAS-remove a pod's reservation; None when it holds none."""
+        if node is None:
+            found = self.state.find_pod(pods_key(ref))
+            if found is None:
+                return None
+            node = found[0]
+        gone: list[Reservation] = []
+
+        def drop(r: Reservation) -> Reservation | None:
+            if _same_pod(r.pod, ref):
+                gone.append(r)
+                return None
+            return r
+
+        await self._edit(node, drop)
+        if not gone:
+            return None
+        return await self._announce(node, gone[-1], state=state, reason=reason)
+
+    async def expire(self, *, ttl_s: float) -> int:
+        """Expire reservations left ``reserved`` longer than ``ttl_s``."""
+        now = self.clock()
+        count = 0
+        for name in list(self.state.nodes):
+            doc = self.state.reservations_of(name)
+            if doc is None:
+                continue
+            for stuck in expired(doc, now=now, ttl_s=ttl_s):
+                _log.warning("reservation_expired", node=name, pod=stuck.pod.name, ttl_s=ttl_s)
+                if await self.release(stuck.pod, reason=f"reserved > {ttl_s}s", state="expired",
+                                      node=name):
+                    count += 1
+        return count
+
+    async def _edit(self, node: str, change: Callable[[Reservation], Reservation | None]) -> None:
+        for _ in range(MAX_ATTEMPTS):
+            held = await self.read(node)
+            if held.doc is None:
+                return
+            kept = tuple(r for r in (change(r) for r in held.doc.reservations) if r is not None)
+            if kept == held.doc.reservations:
+                return
+            try:
+                await self.write(node, NodeReservations(node=node, reservations=kept),
+                                 revision=held.revision)
+                return
+            except CasConflict:
+                continue
+        raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
+
+    async def _announce(
+        self, node: str, r: Reservation, *, state: AllocState, reason: str
+    ) -> AllocationEvent:
+        event = AllocationEvent(
+            node=node, pod=r.pod, state=state, time_s=self.clock(), devices=r.devices,
+            vendor=r.vendor, model=r.model, acu=r.acu, job=r.job, priority=r.priority,
+            reason=reason,
+        )
+        msg_id = f"alloc:{node}:{r.pod.namespace}/{r.pod.name}:{r.pod.uid}:{r.time_s}:{state}"
+        try:
+            await self.bus.publish(subjects.alloc(node), event, msg_id=msg_id)
+        except HcsError as exc:
+            _log.error("allocation_event_lost", node=node, pod=r.pod.name, error=str(exc))
+        return event
+
+
+def pods_key(ref: PodRef) -> str:
+    return f"{ref.namespace}/{ref.name}"

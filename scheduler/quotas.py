@@ -1,0 +1,102 @@
+"""Namespace compute quotas: ``ComputeQuota`` objects through the Kube adapter,
+or a YAML file (``scheduler.quota_file``) when there is no cluster.
+
+A ComputeQuota's limits are read from ``spec.hard`` with the resource names
+pods use (``ai.compute/vram`` as a quantity, ``ai.compute/acu`` a number);
+several quotas in one namespace: the tightest of each wins. The file::
+
+    namespaces:
+      ml-team: {vram: 640Gi, acu: 800}
+
+Answers are cached for ``ttl_s``; a failing API keeps the last answer
+(quotas fail open: the bind still checks capacity) and logs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from hcs_bus.errors import ConfigError, HcsError
+from hcs_bus.telemetry import logger
+from hcs_bus.units import QuantityError, parse_quantity, quantity_mib
+from scheduler.booking import Kube
+from scheduler.planning import QuotaLimits
+
+_log = logger("hcs.scheduler.quotas")
+
+
+class _Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    vram: str | int | None = None
+    acu: str | int | float | None = None
+
+
+class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    namespaces: dict[str, _Limits] = {}
+
+
+def read_file(path: str | Path) -> dict[str, QuotaLimits]:
+    """Quota limits per namespace from a YAML file; ConfigError names the problem."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        parsed = msgspec.convert(raw, _File)
+        return {ns: _limits(lim.vram, lim.acu) for ns, lim in parsed.namespaces.items()}
+    except (OSError, yaml.YAMLError, msgspec.ValidationError, QuantityError) as exc:
+        raise ConfigError(f"quota file {path}: {exc}") from exc
+
+
+def _limits(vram: Any, acu: Any) -> QuotaLimits:
+    return QuotaLimits(
+        vram_mib=quantity_mib(vram) if vram is not None else None,
+        acu=float(parse_quantity(acu)) if acu is not None else None,
+    )
+
+
+def from_objects(objects: list[dict[str, Any]]) -> QuotaLimits | None:
+    """The tightest limits over a namespace's ComputeQuota objects."""
+    vram: int | None = None
+    acu: float | None = None
+    for obj in objects:
+        hard = (obj.get("spec") or {}).get("hard") or {}
+        lim = _limits(_pick(hard, "vram"), _pick(hard, "acu"))
+        if lim.vram_mib is not None:
+            vram = lim.vram_mib if vram is None else min(vram, lim.vram_mib)
+        if lim.acu is not None:
+            acu = lim.acu if acu is None else min(acu, lim.acu)
+    if vram is None and acu is None:
+        return None
+    return QuotaLimits(vram_mib=vram, acu=acu)
+
+
+def _pick(hard: dict[str, Any], name: str) -> Any:
+    for key in (f"ai.compute/{name}", name):
+        if key in hard:
+            return hard[key]
+    return None
+
+
+class QuotaSource:
+    def __init__(self, *, kube: Kube | None, file: str | None, ttl_s: float = 10.0) -> None:
+        self.kube = kube
+        self.ttl_s = ttl_s
+        self._file = read_file(file) if file else None
+        self._cache: dict[str, tuple[float, QuotaLimits | None]] = {}
+
+    async def limits(self, namespace: str) -> QuotaLimits | None:
+        if self.kube is None:
+            return (self._file or {}).get(namespace)
+        now = asyncio.get_running_loop().time()
+        held = self._cache.get(namespace)
+        if held is not None and now - held[0] < self.ttl_s:
+            return held[1]
+        try:
+            value = from_objects(await self.kube.list_compute_quotas(namespace))
+        except (HcsError, QuantityError) as exc:
+            _log.warning("quota_read_failed", namespace=namespace, error=str(exc))
+            return held[1] if held else None
+        self._cache[namespace] = (now, value)
+        return value

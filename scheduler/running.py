@@ -1,0 +1,121 @@
+"""One scheduler replica: the view, the plan service, the extender, the
+release watcher and the expiry loop, wired together."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from hcs_bus import streams
+from hcs_bus.bus import Bus
+from hcs_bus.errors import ConfigError
+from hcs_bus.profiles import ProfileDB
+from hcs_bus.profiles import load as load_profiles
+from hcs_bus.settings import Settings
+from hcs_bus.telemetry import logger, meter
+from scheduler import placing, watching
+from scheduler.booking import Booker, Kube
+from scheduler.extending import Extender, serve
+from scheduler.quotas import QuotaSource
+from scheduler.serving import Planner, PlanService
+from scheduler.state import ClusterState
+from scheduler.viewing import ClusterView
+
+_log = logger("hcs.scheduler")
+TYPICAL_REQUEST_MIB = 8192
+_states: weakref.WeakSet[ClusterState] = weakref.WeakSet()
+
+
+def _fragmentation(_options: CallbackOptions) -> Iterable[Observation]:
+    for state in list(_states):
+        nodes = state.nodes.values()
+        yield Observation(placing.fragmentation(nodes, piece_mib=TYPICAL_REQUEST_MIB))
+
+
+meter("hcs.scheduler").create_observable_gauge(
+    "hcs_scheduler_fragmentation",
+    callbacks=[_fragmentation],
+    description=f"share of free VRAM in pieces under {TYPICAL_REQUEST_MIB} MiB",
+)
+
+
+@dataclass
+class Scheduler:
+    view: ClusterView
+    planner: Planner
+    booker: Booker
+    service: PlanService
+    extender: Extender
+    runner: web.AppRunner | None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    @property
+    def port(self) -> int | None:
+        if self.runner is None:
+            return None
+        for address in self.runner.addresses:
+            return int(address[1])
+        return None
+
+    async def stop(self) -> None:
+        from hcs_bus import tasks
+
+        await tasks.stop(*self.tasks)
+        await self.service.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        await self.view.stop()
+
+
+def profile_db() -> ProfileDB:
+    try:
+        return load_profiles()
+    except (ConfigError, OSError) as exc:
+        _log.warning("profiles_unavailable", error=str(exc))
+        return ProfileDB(())
+
+
+async def run(
+    bus: Bus,
+    kube: Kube | None,
+    settings: Settings,
+    *,
+    profiles: ProfileDB | None = None,
+    http: bool = True,
+    summary_max_age_s: float = 0.5,
+) -> Scheduler:
+    """Start a replica; ``stop()`` on the result ends it."""
+    from hcs_bus import tasks
+
+    cfg = settings.scheduler
+    view = ClusterView(bus, settings=cfg)
+    _states.add(view.state)
+    replica = cfg.replica_id or f"{socket.gethostname()}:{os.getpid()}"
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    ckpt = await bus.js.key_value(streams.KV_CKPT)
+    booker = Booker(bus, kv=kv, ckpt=ckpt, state=view.state, kube=kube, replica=replica)
+    quotas = QuotaSource(kube=kube, file=cfg.quota_file)
+    planner = Planner(view.state, profiles=profiles or profile_db(), quotas=quotas,
+                      max_age_s=summary_max_age_s)
+    view.listeners.append(planner.changed)
+    extender = Extender(view, planner=planner, booker=booker, kube=kube,
+                        weights=placing.Weights.from_settings(cfg))
+    await view.start()
+    service = PlanService(bus, planner=planner, booker=booker)
+    await service.start()
+    runner = None
+    if http:
+        runner = await serve(extender.app(), host=cfg.extender_host, port=cfg.extender_port)
+    running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
+    if kube is not None:
+        running.append(tasks.start(watching.watch_pods(kube, booker), name="pod-watch"))
+    _log.info("scheduler_started", replica=replica, cluster=kube is not None)
+    return Scheduler(view, planner, booker, service, extender, runner, running)
