@@ -76,10 +76,10 @@ def decode(body: bytes) -> Request:
     """The request inside ``body``; BadReview naming what is wrong."""
     try:
         review = _DECODER.decode(body)
+    except msgspec.ValidationError as exc:  # a DecodeError subclass: first
+        raise BadReview(f"not an AdmissionReview: {exc}", uid=_uid(body)) from exc
     except msgspec.DecodeError as exc:
         raise BadReview(f"malformed JSON: {exc}", uid=_uid(body)) from exc
-    except msgspec.ValidationError as exc:
-        raise BadReview(f"not an AdmissionReview: {exc}", uid=_uid(body)) from exc
     uid = review.request.uid if review.request else _uid(body)
     if review.kind != KIND:
         raise BadReview(f"kind must be {KIND}, got {review.kind!r}", uid=uid)
