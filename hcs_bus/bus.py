@@ -86,6 +86,8 @@ async def connect(settings: BusSettings, *, name: str | None = None) -> Bus:
         "closed_cb": on_closed,
         "allow_reconnect": True,
     }
+    if settings.inbox_prefix:
+        options["inbox_prefix"] = settings.inbox_prefix
     options.update(_auth_options(settings))
     try:
         await nc.connect(**options)

@@ -33,6 +33,7 @@ class BusSettings(_Group, frozen=True, forbid_unknown_fields=True):
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    inbox_prefix: str | None = None
     replicas: int = 1
     connect_timeout_s: float = 2.0
     ping_interval_s: float = 20.0

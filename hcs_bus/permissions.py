@@ -1,0 +1,422 @@
+"""NATS users and subject permissions per part (DESIGN §7.8), the source of
+truth for ``deploy/``.
+
+Every allow list is built from ``hcs_bus.subjects`` and ``hcs_bus.streams``
+so a renamed subject renames its permission. What each part may do:
+
+* agent (one user per node): publish its own ``hcs.fp.<node>`` and
+  ``hcs.health.<node>`` (JetStream publish: the ack comes to its inbox) and
+  request ``hcs.place``; subscribe only its own inbox ``_INBOX_<nodetoken>.>``.
+* scheduler: serve ``hcs.place``/``hcs.release`` in queue group
+  ``hcs-scheduler`` (answers through ``allow_responses``), publish
+  ``hcs.alloc.*``, read/compare-and-set/watch KV ``hcs_alloc``, read KV
+  ``hcs_ckpt``, replay ``HCS_FP``/``HCS_HEALTH``/``HCS_ALLOC``, dead-letter
+  what it cannot decode, create/update the streams at start (``streams.init``).
+* injector: request ``hcs.place``, read KV ``hcs_ckpt``.
+* healer: replay/consume ``HCS_FP``, ``HCS_ALLOC``, ``HCS_HEALTH`` (durable
+  ``hcs-healer-health``), publish verdicts on ``hcs.health.*`` and
+  ``hcs.ckpt.request.>``, read KV ``hcs_ckpt``, ``streams.init``.
+* mirror (``scheduler.mirroring``): replay/consume ``HCS_FP``, ``HCS_HEALTH``.
+* sidecar (checkpoint reporter in training pods): put KV ``hcs_ckpt``,
+  announce ``hcs.ckpt.<ns>.<job>``, listen on ``hcs.ckpt.request.<ns>.<job>``.
+* operator (the ``hcs`` CLI): the JetStream API, subscribe ``hcs.>``.
+
+Services get upper-case inbox prefixes (``_INBOX_SCHEDULER``): Kubernetes node
+names are lower case, so no node's inbox can ever collide with a service's.
+
+``python -m hcs_bus.permissions register`` (agent init container) makes the
+node's nkey on the host and labels its Node with the public key;
+``python -m hcs_bus.permissions render`` (the ``hcs-nats-auth`` Job) renders
+the ``authorization`` block for every registered node plus the services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hcs_bus import streams, subjects
+
+JS_API = "$JS.API"
+NKEY_LABEL = "hcs.io/nats-nkey"
+SERVICES = ("scheduler", "injector", "healer", "mirror", "sidecar", "operator")
+HEALER_DURABLE = "hcs-healer-health"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """Allow lists (everything else is denied), duplicates removed in order."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "publish", tuple(dict.fromkeys(self.publish)))
+        object.__setattr__(self, "subscribe", tuple(dict.fromkeys(self.subscribe)))
+
+
+@dataclass(frozen=True)
+class Credential:
+    """How a user authenticates: an nkey public key, or user + password
+    (a ``$NAME`` password is an environment reference resolved by nats-server)."""
+
+    nkey: str | None = None
+    password: str | None = None
+
+
+# -- subject families ---------------------------------------------------------
+
+
+def inbox_prefix(user: str) -> str:
+    """The inbox prefix of a user: a node token for agents, a service in upper case."""
+    token = user.upper() if user in SERVICES else subjects.node_token(user)
+    return f"_INBOX_{token}"
+
+
+def _inbox(user: str) -> str:
+    return inbox_prefix(user) + ".>"
+
+
+def stream_admin(names: Iterable[str]) -> list[str]:
+    """What ``streams.init`` sends: stream info/create/update per stream."""
+    return [f"{JS_API}.STREAM.{op}.{name}" for name in names for op in ("INFO", "CREATE", "UPDATE")]
+
+
+def consuming(stream: str, *, durables: Sequence[str] = ()) -> list[str]:
+    """Pull consumers (ephemeral or named durables) on a stream: create, fetch, ack."""
+    out = [
+        f"{JS_API}.STREAM.INFO.{stream}",
+        f"{JS_API}.CONSUMER.CREATE.{stream}",
+        f"{JS_API}.CONSUMER.CREATE.{stream}.>",
+        f"{JS_API}.CONSUMER.INFO.{stream}.*",
+        f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.*",
+        f"{JS_API}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.ACK.{stream}.>",
+    ]
+    out += [f"{JS_API}.CONSUMER.DURABLE.CREATE.{stream}.{d}" for d in durables]
+    return out
+
+
+def _kv_stream(bucket: str) -> str:
+    return f"KV_{bucket}"
+
+
+def kv_reading(bucket: str) -> list[str]:
+    stream = _kv_stream(bucket)
+    return [
+        f"{JS_API}.STREAM.INFO.{stream}",
+        f"{JS_API}.DIRECT.GET.{stream}.$KV.{bucket}.>",
+        f"{JS_API}.STREAM.MSG.GET.{stream}",
+    ]
+
+
+def kv_writing(bucket: str, *, keys: str = ">") -> list[str]:
+    return [f"$KV.{bucket}.{keys}"]
+
+
+def kv_watching(bucket: str) -> list[str]:
+    """``KeyValue.watch``: an ordered push consumer with flow control."""
+    stream = _kv_stream(bucket)
+    return [*consuming(stream), f"$JS.FC.{stream}.>"]
+
+
+def dead_letters(*patterns: str) -> list[str]:
+    return [subjects.dlq(p) for p in patterns]
+
+
+def _all_streams() -> list[str]:
+    names = [streams.FP, streams.HEALTH, streams.ALLOC, streams.DLQ]
+    return names + [_kv_stream(streams.KV_ALLOC), _kv_stream(streams.KV_CKPT)]
+
+
+# -- parts --------------------------------------------------------------------
+
+
+def agent(node: str) -> Permissions:
+    return Permissions(
+        publish=(subjects.fp(node), subjects.health(node), subjects.PLACE),
+        subscribe=(_inbox(node),),
+    )
+
+
+def _scheduler() -> Permissions:
+    publish = [
+        subjects.ALLOC_ALL,
+        *kv_reading(streams.KV_ALLOC),
+        *kv_writing(streams.KV_ALLOC),
+        *kv_watching(streams.KV_ALLOC),
+        *kv_reading(streams.KV_CKPT),
+        *consuming(streams.FP),
+        *consuming(streams.HEALTH),
+        *consuming(streams.ALLOC),
+        *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL, subjects.ALLOC_ALL),
+        *stream_admin(_all_streams()),
+    ]
+    subscribe = [
+        f"{subjects.PLACE} {subjects.PLACE_QUEUE}",
+        f"{subjects.RELEASE} {subjects.PLACE_QUEUE}",
+        _inbox("scheduler"),
+    ]
+    return Permissions(tuple(publish), tuple(subscribe), allow_responses=True)
+
+
+def _injector() -> Permissions:
+    publish = [subjects.PLACE, *kv_reading(streams.KV_CKPT)]
+    return Permissions(tuple(publish), (_inbox("injector"),))
+
+
+def _healer() -> Permissions:
+    publish = [
+        subjects.HEALTH_ALL,
+        subjects.CKPT_REQUEST_PREFIX + ">",
+        *consuming(streams.FP),
+        *consuming(streams.ALLOC),
+        *consuming(streams.HEALTH, durables=(HEALER_DURABLE,)),
+        *kv_reading(streams.KV_CKPT),
+        *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL, subjects.ALLOC_ALL),
+        *stream_admin(_all_streams()),
+    ]
+    return Permissions(tuple(publish), (_inbox("healer"),))
+
+
+def _mirror() -> Permissions:
+    publish = [
+        *consuming(streams.FP),
+        *consuming(streams.HEALTH),
+        *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL),
+    ]
+    return Permissions(tuple(publish), (_inbox("mirror"),))
+
+
+def _sidecar() -> Permissions:
+    """Namespace and job are two tokens: ``hcs.ckpt.*.*`` never matches the
+    five-token ``hcs.ckpt.request.<ns>.<job>``."""
+    publish = [
+        subjects.CKPT_PREFIX + "*.*",
+        *kv_reading(streams.KV_CKPT),
+        *kv_writing(streams.KV_CKPT, keys="*.*"),
+    ]
+    subscribe = [subjects.CKPT_REQUEST_PREFIX + "*.*", _inbox("sidecar")]
+    return Permissions(tuple(publish), tuple(subscribe))
+
+
+def _operator() -> Permissions:
+    publish = [
+        subjects.PLACE,
+        subjects.RELEASE,
+        subjects.CKPT_REQUEST_PREFIX + ">",
+        f"{JS_API}.>",
+        "$JS.ACK.>",
+        "$JS.FC.>",
+    ]
+    return Permissions(tuple(publish), ("hcs.>", _inbox("operator")))
+
+
+def service(name: str) -> Permissions:
+    """The permissions of one service user (see ``SERVICES``)."""
+    makers = {
+        "scheduler": _scheduler,
+        "injector": _injector,
+        "healer": _healer,
+        "mirror": _mirror,
+        "sidecar": _sidecar,
+        "operator": _operator,
+    }
+    if name not in makers:
+        raise KeyError(f"no NATS service user {name!r}; known: {', '.join(SERVICES)}")
+    return makers[name]()
+
+
+# -- the authorization block --------------------------------------------------
+
+
+def nats_authorization(
+    nodes: Iterable[str], credentials: Mapping[str, Credential]
+) -> dict[str, Any]:
+    """The ``authorization`` block: one user per node and per service.
+
+    ``credentials`` maps a node name or a service name to its credential;
+    every node and every service must have one (a user without is an error).
+    """
+    users: list[dict[str, Any]] = []
+    for name in SERVICES:
+        users.append(_user(name, service(name), credentials))
+    for node in sorted(set(nodes)):
+        users.append(_user(node, agent(node), credentials))
+    return {"users": users}
+
+
+def _user(name: str, perms: Permissions, credentials: Mapping[str, Credential]) -> dict[str, Any]:
+    cred = credentials.get(name)
+    if cred is None or not (cred.nkey or cred.password):
+        raise KeyError(f"no NATS credential for {name!r}")
+    user: dict[str, Any] = {"nkey": cred.nkey} if cred.nkey else {
+        "user": name,
+        "password": cred.password,
+    }
+    rules: dict[str, Any] = {
+        "publish": {"allow": list(perms.publish)},
+        "subscribe": {"allow": list(perms.subscribe)},
+    }
+    if perms.allow_responses:
+        rules["allow_responses"] = True
+    user["permissions"] = rules
+    return user
+
+
+def render_nats_conf(authorization: Mapping[str, Any]) -> str:
+    """nats.conf syntax of an ``authorization`` block (strings quoted, so
+    ``$KV.x`` is literal; a bare ``$NAME`` password is an env reference)."""
+    lines = ["authorization {", "  users = ["]
+    for user in authorization["users"]:
+        lines.append("    " + _value(user) + ",")
+    lines += ["  ]", "}", ""]
+    return "\n".join(lines)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        if value.startswith("$") and value[1:].replace("_", "").isalnum():
+            return value
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise TypeError(f"cannot render {value!r} into nats.conf")
+
+
+# -- nkeys (Ed25519; the nkeys package is only needed by the client) ----------
+
+_PREFIX_SEED = 18 << 3
+_PREFIX_USER = 20 << 3
+
+
+def _crc16(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def _encode(raw: bytes) -> str:
+    return base64.b32encode(raw + _crc16(raw).to_bytes(2, "little")).decode().rstrip("=")
+
+
+def new_user_seed() -> str:
+    """A fresh user nkey seed (``SU…``), as ``nk -gen user`` prints it."""
+    seed = os.urandom(32)
+    first = _PREFIX_SEED | (_PREFIX_USER >> 5)
+    second = (_PREFIX_USER & 31) << 3
+    return _encode(bytes([first, second]) + seed)
+
+
+def public_key(seed: str) -> str:
+    """The ``U…`` public key of a user seed."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    padded = seed.strip() + "=" * (-len(seed.strip()) % 8)
+    try:
+        raw = base64.b32decode(padded)
+    except binascii.Error as exc:
+        raise ValueError("not an nkey seed") from exc
+    body, crc = raw[:-2], int.from_bytes(raw[-2:], "little")
+    if len(body) != 34 or _crc16(body) != crc or body[0] >> 3 != _PREFIX_SEED >> 3:
+        raise ValueError("not a valid nkey seed (bad length, prefix or checksum)")
+    key = Ed25519PrivateKey.from_private_bytes(body[2:])
+    pub = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return _encode(bytes([_PREFIX_USER]) + pub)
+
+
+def ensure_seed(path: Path) -> str:
+    """The seed in ``path``, made (mode 0600) when missing; returns the public key."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(new_user_seed() + "\n")
+    return public_key(path.read_text())
+
+
+# -- command line: register (agent init) and render (auth Job) ---------------
+
+
+def registered_nodes(node_list: Mapping[str, Any]) -> dict[str, Credential]:
+    """Nodes of a ``kubectl get nodes -o json`` list that registered an nkey."""
+    out: dict[str, Credential] = {}
+    for item in node_list.get("items") or []:
+        meta = item.get("metadata") or {}
+        key = (meta.get("labels") or {}).get(NKEY_LABEL)
+        if key and str(key).startswith("U"):
+            out[str(meta["name"])] = Credential(nkey=str(key))
+    return out
+
+
+def service_credentials(seeds_dir: Path) -> dict[str, Credential]:
+    """Each service's seed in ``<dir>/<service>.nk`` (made when missing)."""
+    return {name: Credential(nkey=ensure_seed(seeds_dir / f"{name}.nk")) for name in SERVICES}
+
+
+def _render(args: argparse.Namespace) -> int:
+    node_list = json.loads(Path(args.nodes_json).read_text())
+    nodes = registered_nodes(node_list)
+    creds: dict[str, Credential] = {**nodes, **service_credentials(Path(args.seeds_dir))}
+    text = render_nats_conf(nats_authorization(nodes, creds))
+    Path(args.out).write_text(text)
+    print(f"rendered {len(nodes)} agent users and {len(SERVICES)} services into {args.out}")
+    return 0
+
+
+async def _register(args: argparse.Namespace) -> int:
+    from hcs_bus import kube as kube_module
+    from hcs_bus import settings as settings_module
+
+    public = ensure_seed(Path(args.seed_file))
+    kube = await kube_module.connect(settings_module.load().kube)
+    if kube is None:
+        print("no cluster configured: seed made, node not labelled", file=sys.stderr)
+        return 0
+    try:
+        await kube.patch_node_labels(args.node, {NKEY_LABEL: public})
+    finally:
+        await kube.close()
+    print(f"node {args.node} registered nkey {public}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hcs_bus.permissions")
+    sub = parser.add_subparsers(dest="command", required=True)
+    reg = sub.add_parser("register", help="make this node's nkey and label its Node")
+    reg.add_argument("--node", default=os.environ.get("NODE_NAME"), required=False)
+    reg.add_argument("--seed-file", default="/var/lib/hcs/nats/agent.nk")
+    ren = sub.add_parser("render", help="render the authorization block")
+    ren.add_argument("--nodes-json", required=True, help="kubectl get nodes -o json")
+    ren.add_argument("--seeds-dir", required=True, help="service seeds (<service>.nk)")
+    ren.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        return _render(args)
+    if not args.node:
+        parser.error("register: --node or $NODE_NAME is required")
+    return asyncio.run(_register(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
