@@ -101,7 +101,7 @@ def _annotate(patch: Patch, metadata: Mapping[str, Any], values: Mapping[str, st
 def _affinity(patch: Patch, spec: Mapping[str, Any], note: PlanNote) -> None:
     exprs = [
         {"key": VENDOR_LABEL, "operator": "In", "values": [note.vendor]},
-        {"key": MODEL_LABEL, "operator": "In", "values": list(note.node_models)},
+        {"key": MODEL_LABEL, "operator": "In", "values": [note.model]},
     ]
     term = {"nodeSelectorTerms": [{"matchExpressions": exprs}]}
     affinity = spec.get("affinity")

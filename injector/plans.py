@@ -15,27 +15,20 @@ from collections.abc import Iterable
 
 import msgspec
 
-from hcs_bus.messages import Plan, Requests
+from hcs_bus.messages import Plan
 from injector.demands import Demand
 from injector.guarding import PLAN, PLAN_SIG
 
 
 class PlanNote(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Exactly the fields the scheduler's bind decodes (strictly) from ``hcs.io/plan``."""
+
     vendor: str
     model: str
-    models: tuple[str, ...] = ()
     devices: int
     vram_mib_per_device: int
     whole_device: bool = False
     acu_per_device: float = 0.0
-    v: int = 1
-
-    @property
-    def node_models(self) -> tuple[str, ...]:
-        return self.models or (self.model,)
-
-    def requests(self) -> Requests:
-        return Requests(vram_mib=self.vram_mib_per_device * self.devices, devices=self.devices)
 
 
 _ENCODER = msgspec.json.Encoder(order="deterministic")
@@ -46,7 +39,6 @@ def note_of(plan: Plan) -> PlanNote:
     return PlanNote(
         vendor=plan.vendor,
         model=plan.model,
-        models=tuple(plan.models),
         devices=plan.devices,
         vram_mib_per_device=plan.vram_mib_per_device,
         whole_device=plan.whole_device,

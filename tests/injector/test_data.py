@@ -75,3 +75,19 @@ def test_policy_is_read_from_annotations() -> None:
     assert policy.job == "llama"
     with pytest.raises(PodError, match=r"hcs\.io/topology"):
         read_policy({"hcs.io/topology": "ring"})
+
+
+def test_deploy_manifests_validate_against_the_kubernetes_schema() -> None:
+    import pathlib
+
+    import kubernetes_validate
+    import yaml
+
+    folder = pathlib.Path(__file__).parents[2] / "deploy" / "webhook"
+    kinds = []
+    for path in sorted(folder.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            kubernetes_validate.validate(doc, "1.30", strict=True)
+            kinds.append(doc["kind"])
+    assert sorted(kinds) == ["MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                             "ValidatingAdmissionPolicyBinding"]

@@ -271,3 +271,14 @@ async def test_bad_opt_in_annotations_are_refused_by_name(
     assert response["allowed"] is False
     assert named in response["status"]["message"]
     assert responder.requests == []
+
+
+async def test_plan_note_is_what_the_scheduler_bind_decodes(
+    webhook: Webhook, responder: Responder
+) -> None:
+    pods = pytest.importorskip("scheduler.pods")
+    doc = gpu_review()
+    pod = patched(doc, await webhook.review(doc))
+    note = pods.plan_annotation(pod["metadata"]["annotations"])
+    assert (note.vendor, note.model, note.devices, note.vram_mib_per_device) == (
+        "nvidia", "A100-80G", 2, 16384)
