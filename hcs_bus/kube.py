@@ -45,6 +45,7 @@ CRD_GROUP = "hcs.io"
 CRD_VERSION = "v1alpha1"
 VRAM_RESOURCE = "ai.compute/vram"
 TAINT_RETRIES = 5
+TAINT_BACKOFF_S = 0.05  # doubled per retry, with jitter
 WATCH_TIMEOUT_S = 290  # server-side timeoutSeconds; we reconnect from the last resourceVersion
 WATCH_BACKOFF_MAX_S = 10.0
 
@@ -180,7 +181,7 @@ class Kube:
                 if attempt == TAINT_RETRIES - 1:
                     raise
                 _log.info("kube_taint_conflict", node=name, attempt=attempt + 1)
-                await asyncio.sleep(0.05 * 2**attempt * (1 + random.random()))
+                await asyncio.sleep(TAINT_BACKOFF_S * 2**attempt * (1 + random.random()))
                 continue
             return list(patched.get("spec", {}).get("taints") or [])
         raise AssertionError("unreachable")

@@ -79,7 +79,7 @@ class ApiServer:
         return self
 
     async def stop(self) -> None:
-        self._close_watches()
+        self.close_watches()
         self.watch_open.set()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -209,7 +209,7 @@ class ApiServer:
     async def watch_outage(self) -> AsyncIterator[None]:
         """Drop open watches and hold new ones; on exit compact history and let them in."""
         self.watch_open.clear()
-        self._close_watches()
+        self.close_watches()
         try:
             yield
         finally:
@@ -257,7 +257,16 @@ class ApiServer:
         for queue in self.watchers:
             queue.put_nowait(event)
 
-    def _close_watches(self) -> None:
+    async def until_watched(self, count: int = 1, *, timeout_s: float = 5.0) -> None:
+        """Wait until ``count`` watch streams are open."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while len(self.watchers) < count:
+            assert loop.time() < deadline, f"{len(self.watchers)} watches open, want {count}"
+            await asyncio.sleep(0.01)
+
+    def close_watches(self) -> None:
+        """End every open watch stream, as the server does at timeoutSeconds."""
         for queue in self.watchers:
             queue.put_nowait(None)
 

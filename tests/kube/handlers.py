@@ -43,6 +43,8 @@ class Request(NamedTuple):
     verb: str  # RBAC verb: get list watch create update patch delete
     group: str
     resource: str  # "pods", "pods/eviction", "computenodes/status", ...
+    content_type: str = ""
+    body: Any = None  # the decoded JSON body of a write
 
 
 class Info(NamedTuple):
@@ -76,7 +78,7 @@ def _verb(method: str, info: Info, query: Any) -> str:
     if method == "GET":
         if info.name:
             return "get"
-        return "watch" if query.get("watch") in ("true", "1") else "list"
+        return "watch" if query.get("watch", "").lower() in ("true", "1", "t") else "list"
     verbs = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
     return verbs.get(method, method.lower())
 
@@ -87,7 +89,18 @@ async def dispatch(server: ApiServer, request: web.Request) -> web.StreamRespons
         info = _parse(request.path)
         verb = _verb(request.method, info, request.query)
         resource = f"{info.resource}/{info.sub}" if info.sub else info.resource
-        server.requests.append(Request(request.method, request.path, verb, info.group, resource))
+        body = await _body(request) if request.method in ("POST", "PUT", "PATCH") else None
+        server.requests.append(
+            Request(
+                request.method,
+                request.path,
+                verb,
+                info.group,
+                resource,
+                request.content_type if body is not None else "",
+                body,
+            )
+        )
         server.run_hooks(verb, resource)
         handler = ROUTES.get((info.group, resource, verb))
         if handler is None:

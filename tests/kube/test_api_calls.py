@@ -1,0 +1,98 @@
+"""API_CALLS is the RBAC source of truth: every Kube method is run against the
+double (through every branch that makes a request) and the (group, resource,
+verb) it sent must equal its table rows — a new call without a row fails."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from hcs_bus import kube as kube_module
+from hcs_bus.kube import API_CALLS, Kube
+from tests.apiserver import ApiServer
+
+NS = "ml-team"
+LEASE = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"}}
+Scenario = Callable[[Kube, ApiServer], Awaitable[object]]
+
+
+async def _taints(k: Kube, s: ApiServer) -> object:
+    return await k.update_node_taints("n", lambda ts: [*ts, {"key": "x", "effect": "NoSchedule"}])
+
+
+async def _watch(k: Kube, s: ApiServer) -> object:
+    """List (p and q), then see r, added afterwards, through the watch."""
+
+    async def until_r() -> object:
+        names: list[str] = []
+        async for _, pod in k.watch_pods():
+            names.append(pod["metadata"]["name"])
+            if names == ["p", "q"]:
+                s.add_pod(NS, "r")
+            if names[-1] == "r":
+                return names
+        return names
+
+    return await asyncio.wait_for(until_r(), 5)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "get_node": lambda k, s: k.get_node("n"),
+    "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
+    "patch_node_capacity": lambda k, s: k.patch_node_capacity("n", {"ai.compute/vram": 1}),
+    "update_node_taints": _taints,
+    "patch_node_condition": lambda k, s: k.patch_node_condition(
+        "n", {"type": "HcsGpuHealthy", "status": "True"}
+    ),
+    "evict_pod": lambda k, s: k.evict_pod(NS, "p"),
+    "bind_pod": lambda k, s: k.bind_pod(
+        NS, "q", uid=s.pods[(NS, "q")]["metadata"]["uid"], node="n", annotations={}
+    ),
+    "get_pod": lambda k, s: k.get_pod(NS, "p"),
+    "list_pods": lambda k, s: k.list_pods(namespace=NS),
+    "watch_pods": _watch,
+    "get_lease": lambda k, s: k.get_lease(NS, "l"),
+    "create_lease": lambda k, s: k.create_lease(NS, {**LEASE, "metadata": {"name": "new"}}),
+    "replace_lease": lambda k, s: k.replace_lease(NS, "l", copy.deepcopy(s.leases[(NS, "l")])),
+    "list_compute_quotas": lambda k, s: k.list_compute_quotas(NS),
+    "patch_compute_node_status": lambda k, s: k.patch_compute_node_status("n", {"acu": 1}),
+    "close": lambda k, s: k.close(),
+}
+
+
+def _public_methods() -> set[str]:
+    return {
+        name
+        for name, member in inspect.getmembers(Kube, inspect.isfunction)
+        if not name.startswith("_")
+    } | {
+        name
+        for name, member in inspect.getmembers(Kube)
+        if inspect.isasyncgenfunction(member) and not name.startswith("_")
+    }
+
+
+def test_every_public_kube_method_has_a_table_entry_and_a_scenario() -> None:
+    assert _public_methods() == set(API_CALLS) == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("method", sorted(API_CALLS))
+async def test_the_requests_a_method_sends_are_exactly_its_api_calls_rows(
+    apiserver: ApiServer, method: str
+) -> None:
+    apiserver.add_node("n")
+    apiserver.add_pod(NS, "p", node="n")
+    apiserver.add_pod(NS, "q", phase="Pending")
+    apiserver.store("leases", (NS, "l"), LEASE)
+    client = await kube_module.connect_url(apiserver.url)
+    try:
+        await SCENARIOS[method](client, apiserver)
+    finally:
+        await client.close()
+
+    expected = {(c.group, c.resource, v) for c in API_CALLS[method] for v in c.verbs}
+    assert apiserver.seen() == expected
