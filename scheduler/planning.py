@@ -13,7 +13,8 @@ one device below its full size is a slice, more are whole devices.
 
 Choice: the named models (``policy.models``) when one has room now;
 otherwise, with substitution ``allow``, the equivalent set of another class
-(``profiles.equivalent``: by both ACU and VRAM); with ``ask`` the plan
+(``profiles.equivalent``: by both ACU and VRAM; the substitute needing the
+fewest devices, then the least over-provisioning, wins); with ``ask`` the plan
 refuses and carries the ``offer``; with ``deny`` it waits for the named
 model. Without named models the best-sized class with room wins (right
 sizing: least ACU and VRAM committed beyond the request). A class with no
@@ -154,7 +155,8 @@ def size(req: Requests, stats: ClassStats, profile: Profile | None) -> Sizing | 
     if need < 1.0 - _EPS:
         vram = req.vram_mib or math.ceil(compute * stats.vram_mib)
         acu = max(compute, vram / stats.vram_mib) * stats.acu
-        return Sizing(1, vram, False, acu, _waste(1, shares), f"{why} of one device → a slice")
+        # a slice commits only its share: the rest of the device stays free
+        return Sizing(1, vram, False, acu, 0.0, f"{why} of one device → a slice")
     n = math.ceil(need - _EPS)
     return Sizing(n, stats.vram_mib, True, stats.acu, _waste(n, shares), f"{why} → {n} whole")
 
@@ -170,7 +172,7 @@ def _size_fixed(req: Requests, stats: ClassStats, compute: float) -> Sizing | st
     shares = {"devices": float(n), "compute": compute}
     if n == 1 and req.vram_mib and req.vram_mib < stats.vram_mib and compute < 1.0 - _EPS:
         acu = max(compute, req.vram_mib / stats.vram_mib) * stats.acu
-        return Sizing(1, req.vram_mib, False, acu, _waste(1, shares), "1 device asked → a slice")
+        return Sizing(1, req.vram_mib, False, acu, 0.0, "1 device asked → a slice")
     return Sizing(n, stats.vram_mib, True, stats.acu, _waste(n, shares), f"{n} whole asked")
 
 
@@ -327,6 +329,9 @@ def _substitute(
         offers.append((cand, _convert(request, source, cand, target)))
     for cand in mine:
         rejected.append(_reject(cand, "named by policy.models but no node has room now"))
+    # fewest devices first (least re-sharding of a job written for one
+    # model), then the least over-provisioning
+    offers.sort(key=lambda o: (o[0].sizing.devices, o[0].sizing.waste, o[0].stats.key))
     if not offers:
         if mine:
             return _finish(request, mine[0], rejected, summary, quota, waiting=True)
@@ -370,9 +375,10 @@ def _convert(request: PlanRequest, source: Profile, cand: _Candidate, target: Pr
     src_size = size(req, src_stats, source)
     if isinstance(src_size, Sizing) and src_size.whole:
         conversion = equivalent(source, src_size.devices, target)
-        if conversion.devices > cand.sizing.devices:
-            cand.sizing = Sizing(conversion.devices, cand.stats.vram_mib, True, cand.stats.acu,
-                                 cand.sizing.waste, conversion.arithmetic)
+        devices = max(conversion.devices, cand.sizing.devices)
+        waste = devices / conversion.exact - 1.0 if conversion.exact > 0 else 0.0
+        cand.sizing = Sizing(devices, cand.stats.vram_mib, True, cand.stats.acu, waste,
+                             conversion.arithmetic)
         return conversion.arithmetic
     return cand.sizing.arithmetic + f" on {target.key}"
 

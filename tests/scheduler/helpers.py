@@ -1,0 +1,138 @@
+"""Builders for scheduler tests: fingerprints with real profile numbers, a
+fake Kube, and a running replica."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from hcs_bus import profiles, subjects
+from hcs_bus.bus import Bus
+from hcs_bus.messages import Compute, DeviceFingerprint, Link, NodeFingerprint
+from scheduler.state import ClusterState
+
+K8S = Path("/work/shared/k8s")
+DB = profiles.load()
+
+
+def k8s_doc(name: str) -> Any:
+    return json.loads((K8S / name).read_text())
+
+
+def dev(
+    index: int,
+    key: str = "nvidia/A100-80G",
+    *,
+    links: dict[int, float] | None = None,
+    health: int = 100,
+    error: str | None = None,
+) -> DeviceFingerprint:
+    p = DB.get(key)
+    return DeviceFingerprint(
+        index=index,
+        uuid=f"GPU-{p.model}-{index}",
+        vendor=p.vendor,
+        model=p.model,
+        vram_total_mib=p.vram_mib,
+        vram_free_mib=p.vram_mib,
+        compute=Compute(acu_profile=p.acu, tflops_fp16_profile=p.tflops_fp16),
+        links=tuple(Link(peer_index=k, type=p.interconnect, bandwidth_gbps=v)
+                    for k, v in (links or {}).items()),
+        health_score=health,
+        error=error,
+    )
+
+
+def node_fp(
+    name: str,
+    key: str = "nvidia/A100-80G",
+    *,
+    count: int = 8,
+    devices: tuple[DeviceFingerprint, ...] | None = None,
+    labels: dict[str, str] | None = None,
+    seq: int = 1,
+) -> NodeFingerprint:
+    return NodeFingerprint(
+        node=name, agent_version="test", boot_id="b1", seq=seq, time_s=1.0,
+        devices=devices if devices is not None else tuple(dev(i, key) for i in range(count)),
+        labels=labels or {},
+    )
+
+
+def state_of(*fps: NodeFingerprint) -> ClusterState:
+    state = ClusterState()
+    for fp in fps:
+        state.apply_fingerprint(fp, now=0.0)
+    return state
+
+
+async def publish_fleet(bus: Bus, *fps: NodeFingerprint) -> None:
+    for fp in fps:
+        await bus.publish(subjects.fp(fp.node), fp, msg_id=f"{fp.node}:{fp.boot_id}:{fp.seq}")
+
+
+async def until(predicate: Callable[[], object], *, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def pod(
+    name: str,
+    *,
+    namespace: str = "ml-team",
+    uid: str | None = None,
+    plan: dict[str, Any] | None = None,
+    requests: dict[str, str] | None = None,
+    priority: int = 0,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod shaped like the one in extender-filter-args-*.json."""
+    base = copy.deepcopy(k8s_doc("extender-filter-args-nodecache.json")["Pod"])
+    base["metadata"].update(name=name, namespace=namespace, uid=uid or f"uid-{name}")
+    base["metadata"]["labels"].update(labels or {})
+    if plan is not None:
+        base["metadata"]["annotations"]["hcs.io/plan"] = json.dumps(plan)
+    container = base["spec"]["containers"][0]
+    container["resources"]["requests"].update(requests or {})
+    base["spec"]["priority"] = priority
+    return base
+
+
+A100_SLICE = {"vendor": "nvidia", "model": "A100-80G", "devices": 1,
+              "vram_mib_per_device": 16384, "whole_device": False}
+A100_TWO = {"vendor": "nvidia", "model": "A100-80G", "devices": 2,
+            "vram_mib_per_device": 81920, "whole_device": True, "acu_per_device": 100.0}
+
+
+class FakeKube:
+    """Records Bindings; serves pods and a pod watch from a queue."""
+
+    def __init__(self) -> None:
+        self.bindings: list[dict[str, Any]] = []
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.quotas: dict[str, list[dict[str, Any]]] = {}
+
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
+    ) -> dict[str, Any]:
+        self.bindings.append({"namespace": namespace, "name": name, "uid": uid, "node": node,
+                              "annotations": annotations})
+        return {"kind": "Status", "status": "Success"}
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.pods[(namespace, name)]
+
+    async def watch_pods(
+        self, *, field_selector: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        while True:
+            yield await self.events.get()
+
+    async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        return self.quotas.get(namespace, [])

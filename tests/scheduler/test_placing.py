@@ -1,0 +1,176 @@
+"""Pure device decisions: filter, device sets, scores, victims."""
+
+from __future__ import annotations
+
+import pytest
+
+from hcs_bus.messages import NodeReservations
+from scheduler import placing
+from scheduler.pods import PlanAnnotation
+from scheduler.state import booked
+from tests.scheduler.helpers import dev, node_fp, state_of
+from tests.view.factories import reservation, verdict
+
+SLICE = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
+                       vram_mib_per_device=16384, whole_device=False)
+TWO = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=2,
+                     vram_mib_per_device=81920, whole_device=True, acu_per_device=100.0)
+
+
+def _reserve(state, node: str, slices: list[tuple[int, int, bool]], *, name: str = "x",
+             priority: int = 0) -> None:
+    held = state.reservations_of(node)
+    before = held.reservations if held else ()
+    r = reservation("other", name, slices)
+    import msgspec
+    r = msgspec.structs.replace(r, priority=priority)
+    state.apply_reservations(node, NodeReservations(node=node, reservations=(*before, r)))
+
+
+@pytest.mark.parametrize(
+    ("setup", "demand", "ok", "unresolvable", "words"),
+    [
+        ("none", SLICE, True, False, ""),
+        ("stale", SLICE, False, True, "stale"),
+        ("node_failed", SLICE, False, True, "isolated"),
+        ("all_slices_full", SLICE, False, False, "preemption may help"),
+        ("one_whole_taken", TWO, True, False, ""),
+        ("seven_whole_taken", TWO, False, False, "1 nvidia/A100-80G idle"),
+        ("seven_failed", TWO, False, True, "1 usable"),
+        ("slice_on_every", TWO, False, False, "idle"),
+    ],
+)
+def test_a_node_is_filtered_by_health_staleness_and_free_capacity(
+    setup: str, demand: PlanAnnotation, ok: bool, unresolvable: bool, words: str
+) -> None:
+    state = state_of(node_fp("n1"))
+    node = state.nodes["n1"]
+    if setup == "stale":
+        node.stale = True
+    elif setup == "node_failed":
+        state.apply_health(verdict("n1", None, "failed"))
+    elif setup == "all_slices_full":
+        _reserve(state, "n1", [(i, 70000, False) for i in range(8)])
+    elif setup == "one_whole_taken":
+        _reserve(state, "n1", [(0, 81920, True)])
+    elif setup == "seven_whole_taken":
+        _reserve(state, "n1", [(i, 81920, True) for i in range(7)])
+    elif setup == "seven_failed":
+        for i in range(7):
+            state.apply_health(verdict("n1", i, "failed"))
+    elif setup == "slice_on_every":
+        _reserve(state, "n1", [(i, 1024, False) for i in range(8)])
+    fit = placing.check_node(state.nodes["n1"], demand)
+    assert (fit.ok, fit.unresolvable) == (ok, unresolvable), fit.reason
+    assert words in fit.reason
+
+
+def test_unknown_nodes_and_wrong_classes_cannot_be_helped_by_preemption() -> None:
+    state = state_of(node_fp("ascend", "huawei/Ascend910B2"))
+    assert placing.check_node(None, SLICE).unresolvable
+    wrong = placing.check_node(state.nodes["ascend"], SLICE)
+    assert wrong.unresolvable and "huawei/Ascend910B2" in wrong.reason
+
+
+def test_a_failed_device_is_never_chosen() -> None:
+    state = state_of(node_fp("n1", count=2))
+    state.apply_health(verdict("n1", 0, "failed"))
+    fit = placing.check_node(state.nodes["n1"], SLICE)
+    assert [d.index for d in placing.choose_devices(fit, SLICE)] == [1]
+
+
+def test_a_slice_goes_to_the_fullest_device_that_still_fits() -> None:
+    state = state_of(node_fp("n1", count=3))
+    _reserve(state, "n1", [(1, 60000, False)], name="a")
+    _reserve(state, "n1", [(2, 70000, False)], name="b")
+    fit = placing.check_node(state.nodes["n1"], SLICE)
+    assert [d.index for d in placing.choose_devices(fit, SLICE)] == [1]
+
+
+def _islands() -> tuple:
+    """0,1 reach each other only through PCIe; 2-3 and 4-5 are NVLink pairs,
+    2-3 the faster."""
+    return (
+        dev(0), dev(1),
+        dev(2, links={3: 600.0}), dev(3, links={2: 600.0}),
+        dev(4, links={5: 300.0}), dev(5, links={4: 300.0}),
+    )
+
+
+def test_the_best_interconnect_beats_first_fit() -> None:
+    state = state_of(node_fp("n1", devices=_islands()))
+    fit = placing.check_node(state.nodes["n1"], TWO)
+    first_fit = [d.index for d in fit.candidates[:2]]
+    chosen = [d.index for d in placing.choose_devices(fit, TWO)]
+    bw = placing.bandwidths(state.nodes["n1"].devices.values())
+    assert placing.set_bandwidth(first_fit, bw)[0] == 0.0
+    assert sorted(chosen) == [2, 3]
+    assert placing.set_bandwidth(chosen, bw) == (600.0, 600.0)
+
+
+def test_exact_search_maximises_the_minimum_then_the_total_over_sixteen_devices() -> None:
+    ring = {i: {(i + 1) % 16: 100.0, (i - 1) % 16: 100.0} for i in range(16)}
+    ring[3][4] = ring[4][3] = 400.0
+    ring[4][5] = ring[5][4] = 400.0
+    devices = tuple(dev(i, links=ring[i]) for i in range(16))
+    bw = placing.bandwidths(state_of(node_fp("n", devices=devices)).nodes["n"].devices.values())
+    chosen = placing.best_set(list(range(16)), n=3, bw=bw)
+    assert sorted(chosen) == [3, 4, 5]
+
+
+def test_scores_are_integers_from_zero_to_ten_and_prefer_partly_used_healthy_nodes() -> None:
+    state = state_of(node_fp("empty"), node_fp("used"), node_fp("sick", devices=tuple(
+        dev(i, health=40) for i in range(8))))
+    _reserve(state, "used", [(i, 81920, True) for i in range(4)])
+    weights = placing.Weights()
+    scores = {}
+    for name in ("empty", "used", "sick"):
+        node = state.nodes[name]
+        fit = placing.check_node(node, SLICE)
+        parts = placing.components(node, fit, SLICE)
+        scores[name] = placing.node_score(parts, weights=weights, best_gbps=0.0, job_groups=None)
+    assert all(isinstance(s, int) and 0 <= s <= 10 for s in scores.values())
+    assert scores["used"] > scores["empty"] > scores["sick"]
+
+
+def test_job_affinity_prefers_the_jobs_network_group() -> None:
+    state = state_of(node_fp("a", labels={"hcs.io/rdma-fabric": "f1"}),
+                     node_fp("b", labels={"hcs.io/rdma-fabric": "f2"}))
+    weights = placing.Weights(binpack=0, health=0, right_size=0, topology=0, job_affinity=1)
+    out = {}
+    for name in ("a", "b"):
+        node = state.nodes[name]
+        parts = placing.components(node, placing.check_node(node, SLICE), SLICE)
+        out[name] = placing.node_score(parts, weights=weights, best_gbps=0, job_groups={"f1"})
+    assert out == {"a": 10, "b": 0}
+
+
+def test_right_sizing_penalises_a_small_slice_on_a_big_device() -> None:
+    small = PlanAnnotation(vendor="nvidia", model="H200", devices=1,
+                           vram_mib_per_device=8192, whole_device=False)
+    state = state_of(node_fp("h", "nvidia/H200"))
+    node = state.nodes["h"]
+    parts = placing.components(node, placing.check_node(node, small), small)
+    assert parts.right_size < 0.1
+
+
+def test_victims_are_the_lowest_priority_and_never_equal_or_higher() -> None:
+    state = state_of(node_fp("n1", count=2))
+    _reserve(state, "n1", [(0, 81920, True)], name="low", priority=1)
+    _reserve(state, "n1", [(1, 81920, True)], name="mid", priority=5)
+    node, doc = state.nodes["n1"], state.reservations_of("n1")
+    one = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
+                         vram_mib_per_device=81920, whole_device=True)
+    victims = placing.victims_for(node, doc, one, priority=10, already=set())
+    assert [v.pod.name for v in victims or []] == ["low"]
+    both = placing.victims_for(node, doc, TWO, priority=10, already=set())
+    assert sorted(v.pod.name for v in both or []) == ["low", "mid"]
+    assert placing.victims_for(node, doc, TWO, priority=5, already=set()) is None
+
+
+def test_fragmentation_counts_free_vram_in_pieces_too_small() -> None:
+    state = state_of(node_fp("n1", count=2))
+    _reserve(state, "n1", [(0, 81920 - 4096, False)])
+    value = placing.fragmentation(state.nodes.values(), piece_mib=8192)
+    assert value == pytest.approx(4096 / (4096 + 81920))
+    assert booked(state.nodes["n1"], None).devices[0].free_mib == 81920
