@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +35,10 @@ async def run_tool(argv: Sequence[str], *, timeout_s: float) -> str:
     """stdout of ``argv``; DetectorFailure on a hang, a bad exit or no output."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: a hang is killed whole
         )
     except OSError as exc:
         raise DetectorFailure(f"{argv[0]}: cannot start: {exc.strerror}") from exc
@@ -41,7 +46,7 @@ async def run_tool(argv: Sequence[str], *, timeout_s: float) -> str:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError as exc:
         with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         raise DetectorFailure(f"{' '.join(argv)}: no answer within {timeout_s}s") from exc
     if proc.returncode != 0:

@@ -11,9 +11,15 @@ from hcs_bus.messages import Compute, DeviceFingerprint, HealthEvent, Telemetry
 
 
 def dev(index: int, **kw) -> DeviceFingerprint:
-    base = dict(index=index, uuid=f"GPU-{index}", vendor="nvidia", model="A100-80G",
-                vram_total_mib=81920, vram_free_mib=80000,
-                compute=Compute(acu_profile=100, tflops_fp16_profile=312))
+    base = dict(
+        index=index,
+        uuid=f"GPU-{index}",
+        vendor="nvidia",
+        model="A100-80G",
+        vram_total_mib=81920,
+        vram_free_mib=80000,
+        compute=Compute(acu_profile=100, tflops_fp16_profile=312),
+    )
     base.update(kw)
     return DeviceFingerprint(**base)
 
@@ -27,8 +33,13 @@ def dev(index: int, **kw) -> DeviceFingerprint:
         ([dev(0), dev(1, health_score=40)], "health"),
         ([dev(0), dev(1, error="nvml: GPU is lost")], "health"),
         ([dev(0), dev(1, vram_free_mib=10000)], "vram"),
-        ([dev(0), dev(1, compute=Compute(acu_profile=100, tflops_fp16_profile=312,
-                                         acu_measured=61))], "compute"),
+        (
+            [
+                dev(0),
+                dev(1, compute=Compute(acu_profile=100, tflops_fp16_profile=312, acu_measured=61)),
+            ],
+            "compute",
+        ),
     ],
 )
 def test_only_material_changes_publish_early(after, reason) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agents.parsing import normalize_bus_id, npu_smi, hy_smi, cnmon, nvml_readings
+from agents.parsing import cnmon, hy_smi, normalize_bus_id, npu_smi, nvml_readings
 from tests.agents.conftest import FIXTURES, fixture_text
 
 
@@ -56,13 +56,17 @@ def test_npu_smi_garbage_is_one_error_and_no_devices(db) -> None:
 def test_npu_smi_board_and_health_key_values() -> None:
     board = npu_smi.parse_kv(fixture_text("npu-smi-info-t-board-910b.txt"))
     assert board["Serial Number"] == "102375029830" and board["PCI Device ID"] == "0xD802"
-    status, code = npu_smi.health_of(npu_smi.parse_kv(fixture_text("npu-smi-info-t-health-910b.txt")))
+    status, code = npu_smi.health_of(
+        npu_smi.parse_kv(fixture_text("npu-smi-info-t-health-910b.txt"))
+    )
     assert (status, code) == ("Warning", "80E18005")
 
 
 def _hy(text_table: str, text_details: str, db):
     table, errors = hy_smi.parse_table(text_table)
-    return hy_smi.parse(hy_smi.merge(table, hy_smi.parse_details(text_details)), db=db, errors=errors)
+    return hy_smi.parse(
+        hy_smi.merge(table, hy_smi.parse_details(text_details)), db=db, errors=errors
+    )
 
 
 def test_hy_smi_table_and_details_give_eight_k100_ai(db) -> None:
@@ -84,7 +88,8 @@ def test_hy_smi_json_output_with_a_warning_line_in_front(db) -> None:
 
 def test_hy_smi_missing_memory_lines_break_only_that_dcu(db) -> None:
     details = "\n".join(
-        line for line in fixture_text("hy-smi-k100-details.txt").splitlines()
+        line
+        for line in fixture_text("hy-smi-k100-details.txt").splitlines()
         if not (line.startswith("DCU[7]") and "vram" in line)
     )
     parsed = _hy(fixture_text("hy-smi-k100.txt"), details, db)
@@ -140,8 +145,10 @@ def test_nvml_readings_become_a100_fingerprints_with_nvlink_per_peer(db) -> None
     assert (zero.model, zero.compute_capability, zero.vram_total_mib) == ("A100-80G", "8.0", 81920)
     assert zero.pci_bus_id == "0000:07:00.0" and zero.numa_node == 0
     assert zero.compute.acu_profile == 100
-    assert [(l.peer_index, l.type, l.bandwidth_gbps) for l in zero.links] == [
-        (1, "nvlink", 200.0), (2, "nvlink", 200.0), (3, "nvlink", 200.0)
+    assert [(link.peer_index, link.type, link.bandwidth_gbps) for link in zero.links] == [
+        (1, "nvlink", 200.0),
+        (2, "nvlink", 200.0),
+        (3, "nvlink", 200.0),
     ]
     assert zero.links[0].peer_bus_id == "0000:0f:00.0"
     two, three = parsed.devices[2], parsed.devices[3]
@@ -155,8 +162,8 @@ def test_gpus_without_nvlink_get_pcie_links_scaled_by_common_ancestor(db) -> Non
     for reading in readings:
         reading["nvlinks"] = []
     zero = nvml_readings.convert(readings, db=db).devices[0]
-    by_peer = {l.peer_index: l for l in zero.links}
-    assert {l.type for l in zero.links} == {"pcie"}
+    by_peer = {link.peer_index: link for link in zero.links}
+    assert {link.type for link in zero.links} == {"pcie"}
     assert by_peer[1].bandwidth_gbps > by_peer[2].bandwidth_gbps  # same NUMA node vs across
     assert by_peer[1].bandwidth_gbps < 200
 
@@ -169,7 +176,7 @@ def test_nvswitch_links_reach_every_gpu_at_the_full_bandwidth(db) -> None:
             for k in range(12)
         ]
     zero = nvml_readings.convert(readings, db=db).devices[0]
-    assert [(l.type, l.bandwidth_gbps) for l in zero.links] == [("nvlink", 600.0)] * 3
+    assert [(link.type, link.bandwidth_gbps) for link in zero.links] == [("nvlink", 600.0)] * 3
 
 
 def test_a_gpu_nvml_could_not_read_is_reported_broken_and_the_rest_stay(db) -> None:
@@ -180,7 +187,7 @@ def test_a_gpu_nvml_could_not_read_is_reported_broken_and_the_rest_stay(db) -> N
     assert [d.index for d in parsed.devices if d.error] == [1, 2]
     assert "GPU is lost" in (parsed.devices[1].error or "")
     assert "memory_total_b" in (parsed.devices[2].error or "")
-    assert [l.peer_index for l in parsed.devices[0].links] == [3]
+    assert [link.peer_index for link in parsed.devices[0].links] == [3]
 
 
 def test_clock_event_reasons_decode_names_and_keep_unknown_bits() -> None:
