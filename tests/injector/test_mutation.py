@@ -282,3 +282,23 @@ async def test_plan_note_is_what_the_scheduler_bind_decodes(
     note = pods.plan_annotation(pod["metadata"]["annotations"])
     assert (note.vendor, note.model, note.devices, note.vram_mib_per_device) == (
         "nvidia", "A100-80G", 2, 16384)
+
+
+async def test_absent_parents_are_added_whole_and_other_affinity_kept(
+    webhook: Webhook, responder: Responder
+) -> None:
+    doc = gpu_review()
+    pod = pod_of(doc)
+    pod["metadata"].pop("annotations")
+    pod["spec"].pop("volumes")
+    pod["spec"]["containers"][0].pop("volumeMounts")
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}]}}
+    pod["spec"]["affinity"] = anti
+    result = patched(doc, await webhook.review(doc))
+    kubernetes_validate.validate(result, "1.30", strict=True)
+    assert set(result["metadata"]["annotations"]) == {"hcs.io/plan", "hcs.io/plan-sig"}
+    assert result["spec"]["affinity"]["podAntiAffinity"] == anti["podAntiAffinity"]
+    assert "nodeAffinity" in result["spec"]["affinity"]
+    assert {v["name"] for v in result["spec"]["volumes"]} == {"hcs-interceptor", "hcs-shm"}
+    assert "env" in result["spec"]["containers"][0]
