@@ -443,6 +443,8 @@ def check_quota(
 def _refused(request: PlanRequest, rejected: list[Rejection], reason: str) -> Plan:
     if not rejected:
         reason += " (the cluster view holds no devices)"
+    else:
+        reason += ": " + "; ".join(f"{r.vendor}/{r.model}: {r.reason}" for r in rejected)
     return Plan(ok=False, reason=reason, rejected=tuple(rejected))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,9 @@ def state_of(*fps: NodeFingerprint) -> ClusterState:
 
 async def publish_fleet(bus: Bus, *fps: NodeFingerprint) -> None:
     for fp in fps:
-        await bus.publish(subjects.fp(fp.node), fp, msg_id=f"{fp.node}:{fp.boot_id}:{fp.seq}")
+        # unique ids: the stream's duplicate window outlives the purge between tests
+        msg_id = f"{fp.node}:{fp.boot_id}:{fp.seq}:{uuid.uuid4().hex}"
+        await bus.publish(subjects.fp(fp.node), fp, msg_id=msg_id)
 
 
 async def until(predicate: Callable[[], object], *, timeout_s: float = 5.0) -> None:

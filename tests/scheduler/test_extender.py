@@ -1,0 +1,249 @@
+"""The extender over HTTP against documents shaped like /work/shared/k8s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from hcs_bus import messages, streams, subjects
+from hcs_bus.bus import Bus
+from hcs_bus.messages import AllocationEvent, CheckpointEvent, NodeReservations
+from tests.scheduler.conftest import Start
+from tests.scheduler.helpers import (
+    A100_TWO,
+    FakeKube,
+    k8s_doc,
+    node_fp,
+    pod,
+    publish_fleet,
+    until,
+)
+from tests.view.factories import reservation
+
+NAMES = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
+
+
+async def _fleet(bus: Bus) -> None:
+    await publish_fleet(bus, *(node_fp(n, labels={"hcs.io/rdma-fabric": "f1"}) for n in NAMES))
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    held = tuple(reservation("batch", f"low-{i}", [(i, 81920, True)]) for i in range(7))
+    doc = NodeReservations(node="gpu-node-b", reservations=held)
+    await kv.put(subjects.alloc_key("gpu-node-b"), messages.encode(doc))
+
+
+async def _post(port: int, verb: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://127.0.0.1:{port}/{verb}", data=data) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text)
+            except ValueError:
+                return resp.status, text
+
+
+def _args(doc: str, **pod_kw: Any) -> dict[str, Any]:
+    args = k8s_doc(doc)
+    args["Pod"] = pod("trainer-7c9d6b5f4-x2kqp", uid="5f0c9a57-2b1e-4c5e-9d7a-3c1b8e4f6a21",
+                      **pod_kw)
+    return args
+
+
+async def _ready(bus: Bus, start: Start, kube: Any = None) -> Any:
+    await _fleet(bus)
+    sched = await start(bus, kube)
+    await until(lambda: len(sched.view.state.nodes) == 3
+                and len(sched.view.state.nodes["gpu-node-b"].reservations) == 7)
+    return sched
+
+
+async def test_filter_with_node_names_keeps_nodes_with_room_and_says_why_not(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    status, out = await _post(sched.port, "filter",
+                              _args("extender-filter-args-nodecache.json", plan=A100_TWO))
+    assert status == 200
+    expected = k8s_doc("extender-filter-result-nodecache.json")
+    assert set(out) == set(expected)
+    assert out["Nodes"] is None and out["Error"] == ""
+    assert out["NodeNames"] == ["gpu-node-a", "gpu-node-c"]
+    assert "preemption may help" in out["FailedNodes"]["gpu-node-b"]
+    assert out["FailedAndUnresolvableNodes"] == {}
+
+
+async def test_filter_with_full_node_objects_returns_those_objects(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    args = _args("extender-filter-args-gpu-pod-3-nodes.json", plan=A100_TWO)
+    status, out = await _post(sched.port, "filter", args)
+    assert status == 200 and out["NodeNames"] is None
+    assert out["Nodes"]["items"] == [args["Nodes"]["items"][0], args["Nodes"]["items"][2]]
+    assert list(out["FailedNodes"]) == ["gpu-node-b"]
+
+
+async def test_pods_without_compute_requests_pass_unchanged_and_unknown_nodes_fail(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    plain = k8s_doc("extender-filter-args-nodecache.json")
+    plain["NodeNames"].append("not-a-gpu-node")
+    status, out = await _post(sched.port, "filter", plain)
+    assert status == 200 and out["NodeNames"] == plain["NodeNames"]
+    assert not out["FailedNodes"] and not out["FailedAndUnresolvableNodes"]
+    args = _args("extender-filter-args-nodecache.json", plan=A100_TWO)
+    args["NodeNames"] = ["ghost", "gpu-node-a"]
+    status, out = await _post(sched.port, "filter", args)
+    assert out["NodeNames"] == ["gpu-node-a"]
+    assert "unknown to HCS" in out["FailedAndUnresolvableNodes"]["ghost"]
+
+
+async def test_a_pod_with_requests_but_no_plan_annotation_gets_a_computed_plan(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    args = _args("extender-filter-args-nodecache.json",
+                 requests={"ai.compute/vram": "16Gi", "ai.compute/acu": "20"})
+    status, out = await _post(sched.port, "filter", args)
+    assert status == 200 and out["NodeNames"] == NAMES
+    too_big = _args("extender-filter-args-nodecache.json", requests={"ai.compute/acu": "5000"})
+    status, out = await _post(sched.port, "filter", too_big)
+    assert status == 200 and out["NodeNames"] is None and "largest" in out["Error"]
+
+
+async def test_malformed_arguments_get_400_with_the_reason(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    good = _args("extender-filter-args-nodecache.json", plan=A100_TWO)
+    for verb, body in [
+        ("filter", b"{not json"),
+        ("filter", {"Pod": 3, "NodeNames": []}),
+        ("filter", {**good, "Extra": True}),
+        ("prioritize", {"NodeNames": ["a"]}),
+        ("bind", {"PodName": "x"}),
+        ("preempt", {"Pod": good["Pod"], "NodeNameToMetaVictims": {"a": {"Pods": 1}}}),
+    ]:
+        status, text = await _post(sched.port, verb, body)
+        assert status == 400, (verb, body)
+        assert f"bad {verb} arguments" in text
+    bad_plan = _args("extender-filter-args-nodecache.json")
+    bad_plan["Pod"]["metadata"]["annotations"]["hcs.io/plan"] = "{\"vendor\": 1}"
+    status, out = await _post(sched.port, "filter", bad_plan)
+    assert status == 200 and "hcs.io/plan" in out["Error"]
+
+
+async def test_prioritize_scores_every_node_from_zero_to_ten(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    slice_plan = {**A100_TWO, "devices": 1, "vram_mib_per_device": 8192, "whole_device": False}
+    status, out = await _post(sched.port, "prioritize",
+                              _args("extender-filter-args-nodecache.json", plan=slice_plan))
+    assert status == 200
+    assert [h["Host"] for h in out] == NAMES
+    scores = {h["Host"]: h["Score"] for h in out}
+    assert all(isinstance(s, int) and 0 <= s <= 10 for s in scores.values())
+    assert scores["gpu-node-b"] > scores["gpu-node-a"]  # bin-packing: the used node first
+
+
+async def test_bind_books_devices_posts_the_binding_and_announces_it(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    kube = FakeKube()
+    sched = await _ready(bus, start_scheduler, kube)
+    ckpt = await bus.js.key_value(streams.KV_CKPT)
+    cp = CheckpointEvent(namespace="ml-team", job="llm", uri="s3://ckpt/llm/100", step=100,
+                         time_s=1.0)
+    await ckpt.put(subjects.ckpt_key("ml-team", "llm"), messages.encode(cp))
+    sub = await bus.nc.subscribe(subjects.alloc("gpu-node-c"))
+    args = _args("extender-filter-args-nodecache.json", plan=A100_TWO,
+                 labels={"hcs.io/job": "llm"})
+    await _post(sched.port, "filter", args)
+    status, out = await _post(sched.port, "bind", k8s_doc("extender-binding-args.json"))
+    assert status == 200 and out == k8s_doc("extender-binding-result.json")
+    [binding] = kube.bindings
+    assert binding["node"] == "gpu-node-c"
+    notes = binding["annotations"]
+    assert notes["hcs.io/devices"] == "GPU-A100-80G-0,GPU-A100-80G-1"
+    assert notes["hcs.io/vram-quota"] == "0:81920Mi,1:81920Mi"
+    assert notes["hcs.io/resume-from"] == "s3://ckpt/llm/100"
+    event = messages.decode((await sub.next_msg(timeout=5)).data, AllocationEvent)
+    assert event.state == "bound" and event.job == "llm" and len(event.devices) == 2
+    doc = await sched.booker.read("gpu-node-c")
+    assert doc.doc is not None and [r.state for r in doc.doc.reservations] == ["bound"]
+    await sub.unsubscribe()
+
+
+async def test_bind_through_the_api_server_sets_the_annotations_on_the_pod(
+    bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
+) -> None:
+    sched = await _ready(bus, start_scheduler, kube)
+    apiserver.add_pod("ml-team", "trainer", annotations={"hcs.io/plan": json.dumps(A100_TWO)},
+                      scheduler_name="hcs-scheduler", phase="Pending")
+    uid = apiserver.pods[("ml-team", "trainer")]["metadata"]["uid"]
+    args = {"PodName": "trainer", "PodNamespace": "ml-team", "PodUID": uid, "Node": "gpu-node-a"}
+    status, out = await _post(sched.port, "bind", args)
+    assert status == 200 and out == {"Error": ""}
+    bound = apiserver.pods[("ml-team", "trainer")]
+    assert bound["spec"]["nodeName"] == "gpu-node-a"
+    assert bound["metadata"]["annotations"]["hcs.io/vram-quota"] == "0:81920Mi,1:81920Mi"
+
+
+async def test_bind_without_a_cluster_records_and_says_so_in_the_event(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    sub = await bus.nc.subscribe(subjects.alloc("gpu-node-c"))
+    await _post(sched.port, "filter", _args("extender-filter-args-nodecache.json", plan=A100_TWO))
+    status, out = await _post(sched.port, "bind", k8s_doc("extender-binding-args.json"))
+    assert out == {"Error": ""}
+    event = messages.decode((await sub.next_msg(timeout=5)).data, AllocationEvent)
+    assert event.reason == "no cluster: Binding not posted"
+    await sub.unsubscribe()
+
+
+async def test_preempt_proposes_lower_priority_victims_only_where_it_helps(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    args = k8s_doc("extender-preempt-args-nodecache.json")
+    args["Pod"] = pod("trainer", plan=A100_TWO, priority=100)
+    args["NodeNameToMetaVictims"]["ghost"] = {"Pods": [], "NumPDBViolations": 0}
+    status, out = await _post(sched.port, "preempt", args)
+    assert status == 200 and set(out) == {"NodeNameToMetaVictims"}
+    victims = out["NodeNameToMetaVictims"]
+    assert set(victims) == {"gpu-node-a", "gpu-node-b"}
+    uids_b = [p["UID"] for p in victims["gpu-node-b"]["Pods"]]
+    assert uids_b[0] == "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d" and len(uids_b) == 2
+    assert victims["gpu-node-a"] == args["NodeNameToMetaVictims"]["gpu-node-a"]
+    args["Pod"] = pod("trainer", plan=A100_TWO, priority=0)
+    status, out = await _post(sched.port, "preempt", args)
+    assert "gpu-node-b" not in out["NodeNameToMetaVictims"]
+
+
+async def test_readyz_answers_503_until_the_view_has_replayed(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    async with aiohttp.ClientSession() as session:
+        base = f"http://127.0.0.1:{sched.port}"
+        sched.view.ready.clear()
+        async with session.get(f"{base}/readyz") as resp:
+            assert resp.status == 503
+        status, out = await _post(sched.port, "filter",
+                                  _args("extender-filter-args-nodecache.json", plan=A100_TWO))
+        assert "not replayed" in out["Error"]
+        sched.view.ready.set()
+        async with session.get(f"{base}/readyz") as resp:
+            assert resp.status == 200
+        async with session.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+        async with session.get(f"{base}/metrics") as resp:
+            assert "hcs_scheduler_fragmentation" in await resp.text()
+    await asyncio.sleep(0)
