@@ -37,14 +37,26 @@ CORE, COORD, HCS = "", "coordination.k8s.io", "hcs.io"
 Key = Any  # name (cluster-scoped) or (namespace, name)
 
 
-class Request(NamedTuple):
+class _Line(NamedTuple):
     method: str
     path: str
     verb: str  # RBAC verb: get list watch create update patch delete
     group: str
     resource: str  # "pods", "pods/eviction", "computenodes/status", ...
+
+
+class Request(_Line):
+    """A logged request: the 5-tuple (method, path, verb, group, resource), plus
+    ``content_type`` and ``body`` (decoded JSON) of a write as attributes."""
+
     content_type: str = ""
-    body: Any = None  # the decoded JSON body of a write
+    body: Any = None
+
+    @classmethod
+    def of(cls, line: _Line, *, content_type: str, body: Any) -> Request:
+        request = cls(*line)
+        request.content_type, request.body = content_type, body
+        return request
 
 
 class Info(NamedTuple):
@@ -90,17 +102,9 @@ async def dispatch(server: ApiServer, request: web.Request) -> web.StreamRespons
         verb = _verb(request.method, info, request.query)
         resource = f"{info.resource}/{info.sub}" if info.sub else info.resource
         body = await _body(request) if request.method in ("POST", "PUT", "PATCH") else None
-        server.requests.append(
-            Request(
-                request.method,
-                request.path,
-                verb,
-                info.group,
-                resource,
-                request.content_type if body is not None else "",
-                body,
-            )
-        )
+        line = _Line(request.method, request.path, verb, info.group, resource)
+        content_type = request.content_type if body is not None else ""
+        server.requests.append(Request.of(line, content_type=content_type, body=body))
         server.run_hooks(verb, resource)
         handler = ROUTES.get((info.group, resource, verb))
         if handler is None:

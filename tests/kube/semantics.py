@@ -129,21 +129,49 @@ def strategic_merge(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
 
 
 def _merge_list(current: list[Any], patch: list[Any], *, key: str, path: tuple[str, ...]) -> list:
-    out = [copy.deepcopy(item) for item in current]
+    """Merge list items by ``key``, then order them as apimachinery's
+    ``normalizeElementOrder`` does: patch items in patch order, interleaved
+    with the server-only items by their order on the server."""
+    merged = [copy.deepcopy(item) for item in current]
     for item in patch:
         if not isinstance(item, dict) or key not in item:
             raise Problem(
                 422, "Invalid", f"{'.'.join(path)}: element does not contain merge key {key!r}"
             )
-        at = next((i for i, old in enumerate(out) if old.get(key) == item[key]), None)
+        at = next((i for i, old in enumerate(merged) if old.get(key) == item[key]), None)
         if item.get("$patch") == "delete":
             if at is not None:
-                del out[at]
+                del merged[at]
         elif at is None:
-            out.append(strategic_merge({}, item, path))
+            merged.append(strategic_merge({}, item, path))
         else:
-            out[at] = strategic_merge(out[at], item, path)
+            merged[at] = strategic_merge(merged[at], item, path)
+    order = [item[key] for item in patch if item.get("$patch") != "delete"]
+    patched = sorted((m for m in merged if m[key] in order), key=lambda m: order.index(m[key]))
+    server_only = [m for m in merged if m[key] not in order]
+    return _merge_sorted(server_only, patched, server=[c.get(key) for c in current], key=key)
+
+
+def _merge_sorted(left: list[Obj], right: list[Obj], *, server: list[Any], key: str) -> list[Obj]:
+    """apimachinery's ``mergeSortedSlice``: insert server-only items (left) into the
+    patch items (right) where the server order says they come first."""
+    out: list[Obj] = []
+    i = j = 0
+    while i < len(left) or j < len(right):
+        if j >= len(right):
+            out.append(left[i])
+            i += 1
+        elif i < len(left) and _before(left[i][key], right[j][key], server):
+            out.append(left[i])
+            i += 1
+        else:
+            out.append(right[j])
+            j += 1
     return out
+
+
+def _before(left: Any, right: Any, server: list[Any]) -> bool:
+    return left in server and right in server and server.index(left) < server.index(right)
 
 
 def json_patch(target: Obj, ops: Any) -> Obj:
