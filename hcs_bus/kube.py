@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client import (
     ApiClient,
     CoordinationV1Api,
@@ -325,7 +326,7 @@ class Kube:
                     _log.info("kube_watch_expired", resource_version=rv)
                     rv = None
                     continue
-                if not isinstance(exc, KubeUnavailable) and (exc.status or 500) < 500:
+                if not _retryable(exc):
                     raise
                 _log.warning("kube_watch_retry", error=str(exc), delay_s=backoff_s)
                 await asyncio.sleep(backoff_s)
@@ -350,12 +351,8 @@ class Kube:
                     yield str(event["type"]), event["raw_object"]
             except ApiException as exc:
                 raise status_error("watch pods", exc) from exc
-            except (TimeoutError, OSError) as exc:
+            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
                 raise KubeUnavailable(f"watch pods: {exc!r}") from exc
-            except Exception as exc:  # aiohttp payload errors, malformed lines
-                if type(exc).__module__.startswith("aiohttp"):
-                    raise KubeUnavailable(f"watch pods: {exc!r}") from exc
-                raise
 
     # -- leases --------------------------------------------------------------
 
@@ -433,6 +430,11 @@ class Kube:
             {"status": status},
             _content_type=MERGE_PATCH,
         )
+
+
+def _retryable(exc: KubeError) -> bool:
+    """Unreachable, overloaded (429) or a server error: try the watch again later."""
+    return isinstance(exc, KubeUnavailable) or exc.status == 429 or (exc.status or 500) >= 500
 
 
 def _key(pod: dict[str, Any]) -> tuple[str, str]:

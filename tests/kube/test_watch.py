@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from hcs_bus import tasks
+from hcs_bus.errors import KubeError
 from hcs_bus.kube import Kube
 from tests.apiserver import ApiServer
 
@@ -108,3 +109,27 @@ async def test_a_pod_leaving_the_field_selector_is_reported_deleted(
 
     await _until(seen, [("DELETED", "p")])
     assert seen == [("ADDED", "p"), ("DELETED", "p")]
+
+
+async def test_a_server_error_on_the_watch_is_retried_without_losing_events(
+    apiserver: ApiServer, events: Callable[..., Events]
+) -> None:
+    apiserver.fail("watch", "pods", code=503)
+    seen = events()
+    await apiserver.until_watched()  # the second attempt
+
+    apiserver.add_pod(NS, "after-503")
+
+    await _until(seen, [("ADDED", "after-503")])
+    assert sum(r.verb == "watch" for r in apiserver.requests) == 2
+
+
+async def test_a_forbidden_watch_raises_instead_of_retrying_forever(
+    apiserver: ApiServer, kube: Kube
+) -> None:
+    apiserver.fail("list", "pods", code=403)
+
+    with pytest.raises(KubeError) as caught:
+        async for _ in kube.watch_pods():
+            pass
+    assert caught.value.status == 403
