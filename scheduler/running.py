@@ -68,10 +68,12 @@ class Scheduler:
     async def stop(self) -> None:
         from hcs_bus import tasks
 
-        await tasks.stop(*self.tasks)
+        running, self.tasks = self.tasks, []
+        await tasks.stop(*running)
         await self.service.stop()
         if self.runner is not None:
             await self.runner.cleanup()
+            self.runner = None
         await self.view.stop()
 
 

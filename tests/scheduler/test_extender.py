@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import aiohttp
-import msgspec
 
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
@@ -201,7 +200,7 @@ async def test_bind_without_a_cluster_records_and_says_so_in_the_event(
     sched = await _ready(bus, start_scheduler)
     sub = await bus.nc.subscribe(subjects.alloc("gpu-node-c"))
     await _post(sched.port, "filter", _args("extender-filter-args-nodecache.json", plan=A100_TWO))
-    status, out = await _post(sched.port, "bind", k8s_doc("extender-binding-args.json"))
+    _status, out = await _post(sched.port, "bind", k8s_doc("extender-binding-args.json"))
     assert out == {"Error": ""}
     event = messages.decode((await sub.next_msg(timeout=5)).data, AllocationEvent)
     assert event.reason == "no cluster: Binding not posted"
@@ -236,7 +235,7 @@ async def test_readyz_answers_503_until_the_view_has_replayed(
         sched.view.ready.clear()
         async with session.get(f"{base}/readyz") as resp:
             assert resp.status == 503
-        status, out = await _post(sched.port, "filter",
+        _status, out = await _post(sched.port, "filter",
                                   _args("extender-filter-args-nodecache.json", plan=A100_TWO))
         assert "not replayed" in out["Error"]
         sched.view.ready.set()

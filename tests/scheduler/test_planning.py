@@ -33,9 +33,10 @@ def _summary(
     return planning.summarise(state.nodes.values())
 
 
-def _plan(requests: Requests, policy: Policy = Policy(), **kw: object) -> object:
+def _plan(requests: Requests, policy: Policy | None = None, **kw: object) -> object:
     summary = kw.pop("summary", None) or _summary()
-    return planning.plan(PlanRequest(namespace="ml", requests=requests, policy=policy),
+    request = PlanRequest(namespace="ml", requests=requests, policy=policy or Policy())
+    return planning.plan(request,
                          summary=summary, profiles=DB, **kw)  # type: ignore[arg-type]
 
 

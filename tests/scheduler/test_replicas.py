@@ -1,0 +1,69 @@
+"""Two replicas, separate connections and views, never book the same slice."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from hcs_bus.bus import Bus, connect
+from hcs_bus.messages import PodRef, Policy
+from hcs_bus.settings import BusSettings
+from scheduler.pods import PlanAnnotation, PodInfo
+from tests.scheduler.conftest import Start
+from tests.scheduler.helpers import node_fp, publish_fleet, until
+
+NODES = [f"gpu-{i}" for i in range(4)]
+WHOLE = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
+                       vram_mib_per_device=81920, whole_device=True, acu_per_device=100.0)
+SLICE = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
+                       vram_mib_per_device=20480, whole_device=False, acu_per_device=25.0)
+
+
+def _pod(i: int) -> PodInfo:
+    return PodInfo(ref=PodRef(namespace="ml", name=f"p{i}", uid=f"u{i}"), requests=None,
+                   policy=Policy(), annotation=None, priority=0, job=None)
+
+
+async def test_two_replicas_never_book_the_same_slice(
+    bus: Bus, bus_settings: BusSettings, start_scheduler: Start
+) -> None:
+    await publish_fleet(bus, *(node_fp(n) for n in NODES))
+    buses = [await connect(bus_settings, name=f"replica-{i}") for i in range(2)]
+    replicas = []
+    try:
+        replicas = [await start_scheduler(b, http=False) for b in buses]
+        for r in replicas:
+            await until(lambda r=r: len(r.view.state.nodes) == len(NODES))
+        rng = random.Random(7)
+        jobs = []
+        for i in range(200):
+            demand = WHOLE if i % 3 == 0 else SLICE
+            replica = replicas[i % 2]
+            jobs.append(replica.booker.bind(_pod(i), demand, node=rng.choice(NODES)))
+        errors = await asyncio.gather(*jobs)
+        docs = {n: (await replicas[0].booker.read(n)).doc for n in NODES}
+    finally:
+        for r in replicas:
+            await r.stop()
+        for b in buses:
+            await b.nc.close()
+    booked: dict[str, int] = {}
+    for node, doc in docs.items():
+        assert doc is not None
+        per_device: dict[int, int] = {}
+        whole: dict[int, int] = {}
+        slices: dict[int, int] = {}
+        for r in doc.reservations:
+            booked[r.pod.name] = booked.get(r.pod.name, 0) + 1
+            for s in r.devices:
+                per_device[s.index] = per_device.get(s.index, 0) + s.vram_mib
+                target = whole if s.whole else slices
+                target[s.index] = target.get(s.index, 0) + 1
+        assert all(v <= 81920 for v in per_device.values()), node
+        assert all(count == 1 for count in whole.values()), node
+        assert not set(whole) & set(slices), node
+    succeeded = {f"p{i}" for i, e in enumerate(errors) if not e}
+    assert set(booked) == succeeded and all(c == 1 for c in booked.values())
+    failed = [e for e in errors if e]
+    assert failed and all("no longer fits" in e for e in failed)
+    assert len(succeeded) >= 4 * 8  # every device was usable by someone
