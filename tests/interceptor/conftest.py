@@ -71,7 +71,9 @@ class Env:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.shm = tmp_path / "vram.shm"
-        self.base = {k: v for k, v in os.environ.items() if not k.startswith(("HCS_", "STUB_", "CUDA_"))}
+        self.base = {
+            k: v for k, v in os.environ.items() if not k.startswith(("HCS_", "STUB_", "CUDA_"))
+        }
         self.base.update(
             LD_LIBRARY_PATH=str(STUBS),
             LD_PRELOAD=str(LIB),
@@ -91,22 +93,37 @@ class Env:
 
     def cli(self, *ops: object, timeout: float = 60, **overrides: str | None) -> Result:
         proc = subprocess.run(
-            [str(CLI), *map(str, ops)], env=self.env(**overrides), capture_output=True, text=True, timeout=timeout
+            [str(CLI), *map(str, ops)],
+            env=self.env(**overrides),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
-        assert proc.returncode == 0, f"hcs_cli failed ({proc.returncode}): {proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0, (
+            f"hcs_cli failed ({proc.returncode}): {proc.stdout}\n{proc.stderr}"
+        )
         return Result(proc.returncode, proc.stdout, proc.stderr, parse(proc.stdout))
 
     def spawn(self, *ops: object, **overrides: str | None) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [str(CLI), *map(str, ops)], env=self.env(**overrides), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [str(CLI), *map(str, ops)],
+            env=self.env(**overrides),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
 
     def python(self, code: str, timeout: float = 60, **overrides: str | None) -> Result:
         proc = subprocess.run(
-            [sys.executable, "-c", code], env=self.env(**overrides), capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-c", code],
+            env=self.env(**overrides),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
-        assert proc.returncode == 0, f"python probe failed ({proc.returncode}): {proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0, (
+            f"python probe failed ({proc.returncode}): {proc.stdout}\n{proc.stderr}"
+        )
         return Result(proc.returncode, proc.stdout, proc.stderr, parse(proc.stdout))
 
 

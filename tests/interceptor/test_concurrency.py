@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from .conftest import GiB, MiB, Env
+from .conftest import Env, GiB, MiB
 
 
 def start_holder(vram: Env, *ops: object, **env: str):

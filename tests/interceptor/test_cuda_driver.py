@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from .conftest import GiB, MiB, Env
+from .conftest import Env, GiB, MiB
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
@@ -26,7 +26,12 @@ def test_allocation_within_quota_succeeds_and_is_reported_as_used(vram: Env) -> 
 
 def test_allocation_beyond_quota_returns_cuda_oom(vram: Env) -> None:
     r = vram.cli("cu.alloc", "512Mi", "cu.alloc", "600Mi", "cu.alloc", "512Mi", "cu.alloc", "1")
-    assert r.rcs() == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.rcs() == [
+        CUDA_SUCCESS,
+        CUDA_ERROR_OUT_OF_MEMORY,
+        CUDA_SUCCESS,
+        CUDA_ERROR_OUT_OF_MEMORY,
+    ]
 
 
 def test_refused_allocation_never_reaches_the_driver(vram: Env) -> None:
@@ -43,7 +48,9 @@ def test_free_returns_quota_to_the_device(vram: Env) -> None:
 
 
 def test_free_memory_is_clamped_to_physical_free(vram: Env) -> None:
-    r = vram.cli("cu.alloc", "100Mi", "cu.info", HCS_VRAM_QUOTA="16Gi", STUB_TOTAL_BYTES=str(2 * GiB))
+    r = vram.cli(
+        "cu.alloc", "100Mi", "cu.info", HCS_VRAM_QUOTA="16Gi", STUB_TOTAL_BYTES=str(2 * GiB)
+    )
     free, total = info(r)
     assert total == 16 * GiB
     assert free == 2 * GiB - 100 * MiB
@@ -61,7 +68,9 @@ def test_nvml_and_cu_mem_get_info_report_identical_numbers(vram: Env) -> None:
 
 def test_nvml_index_maps_through_cuda_visible_devices(vram: Env) -> None:
     # ordinal 0 is NVML index 1: its quota (0:1Gi) must show on index 1
-    r = vram.cli("nvml.info", 1, "nvml.info", 0, HCS_VRAM_QUOTA="0:1Gi,1:2Gi", CUDA_VISIBLE_DEVICES="1,0")
+    r = vram.cli(
+        "nvml.info", 1, "nvml.info", 0, HCS_VRAM_QUOTA="0:1Gi,1:2Gi", CUDA_VISIBLE_DEVICES="1,0"
+    )
     assert int(r.op(0)["total"]) == GiB
     assert int(r.op(1)["total"]) == 2 * GiB
 
@@ -73,7 +82,15 @@ def test_zero_size_allocation_is_passed_to_the_driver_unaccounted(vram: Env) -> 
 
 
 def test_huge_allocation_returns_oom_without_overflow(vram: Env) -> None:
-    r = vram.cli("cu.alloc", "1Mi", "cu.alloc", 0xFFFFFFFFFFFFFFFF, "cu.alloc", 0xFFFFFFFFFFFFFFFF - 4096, "cu.info")
+    r = vram.cli(
+        "cu.alloc",
+        "1Mi",
+        "cu.alloc",
+        0xFFFFFFFFFFFFFFFF,
+        "cu.alloc",
+        0xFFFFFFFFFFFFFFFF - 4096,
+        "cu.info",
+    )
     assert r.rcs()[:3] == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY]
     assert info(r) == (GiB - MiB, GiB)
 
@@ -91,7 +108,17 @@ def test_double_free_is_refunded_only_once(vram: Env) -> None:
 
 def test_per_device_quotas_are_enforced_independently(vram: Env) -> None:
     r = vram.cli(
-        "cu.alloc", "1Gi", "cu.alloc", "1Mi", "dev", 1, "cu.alloc", "2Gi", "cu.alloc", "1Mi", "cu.info",
+        "cu.alloc",
+        "1Gi",
+        "cu.alloc",
+        "1Mi",
+        "dev",
+        1,
+        "cu.alloc",
+        "2Gi",
+        "cu.alloc",
+        "1Mi",
+        "cu.info",
         HCS_VRAM_QUOTA="0:1Gi,1:2Gi",
     )
     assert [int(x["rc"]) for x in r.lines if x["op"] == "cu.alloc"] == [0, 2, 0, 2]
@@ -114,8 +141,21 @@ def test_pitch_allocation_is_charged_by_the_pitch_the_driver_chose(vram: Env) ->
 
 def test_managed_async_and_pool_allocations_count_against_quota(vram: Env) -> None:
     r = vram.cli(
-        "cu.managed", "200Mi", "cu.async", "200Mi", "cu.async_ptsz", "200Mi", "cu.pool", "200Mi",
-        "cu.pool_ptsz", "200Mi", "cu.async", "100Mi", "cu.info", "freeall", "cu.info",
+        "cu.managed",
+        "200Mi",
+        "cu.async",
+        "200Mi",
+        "cu.async_ptsz",
+        "200Mi",
+        "cu.pool",
+        "200Mi",
+        "cu.pool_ptsz",
+        "200Mi",
+        "cu.async",
+        "100Mi",
+        "cu.info",
+        "freeall",
+        "cu.info",
     )
     assert r.rcs()[:6] == [0, 0, 0, 0, 0, CUDA_ERROR_OUT_OF_MEMORY]
     assert info(r, 0) == (GiB - 1000 * MiB, GiB)
@@ -125,8 +165,22 @@ def test_managed_async_and_pool_allocations_count_against_quota(vram: Env) -> No
 
 def test_vmm_allocations_are_charged_to_the_device_they_are_created_on(vram: Env) -> None:
     r = vram.cli(
-        "cu.vmm", "1536Mi", 1, "cu.info", "dev", 1, "cu.info", "cu.vmm", "600Mi", 1, "free", "cu.vmm", "600Mi", 1,
-        "cu.info", HCS_VRAM_QUOTA="2Gi",
+        "cu.vmm",
+        "1536Mi",
+        1,
+        "cu.info",
+        "dev",
+        1,
+        "cu.info",
+        "cu.vmm",
+        "600Mi",
+        1,
+        "free",
+        "cu.vmm",
+        "600Mi",
+        1,
+        "cu.info",
+        HCS_VRAM_QUOTA="2Gi",
     )
     assert r.op(0)["rc"] == "0"
     assert info(r, 0) == (2 * GiB, 2 * GiB)  # device 0 untouched
@@ -138,8 +192,24 @@ def test_vmm_allocations_are_charged_to_the_device_they_are_created_on(vram: Env
 def test_arrays_are_charged_by_their_size_and_released_on_destroy(vram: Env) -> None:
     # 8192 x 8192 float = 256 MiB; 3D 256^3 float = 64 MiB; mipmap 4096^2 float, 2 levels = 64 + 16 MiB
     r = vram.cli(
-        "cu.array", 8192, 8192, "cu.array3d", 256, 256, 256, "cu.mipmap", 4096, 4096, 0, 2, "cu.info",
-        "cu.array", 32768, 32768, "freeall", "cu.info",
+        "cu.array",
+        8192,
+        8192,
+        "cu.array3d",
+        256,
+        256,
+        256,
+        "cu.mipmap",
+        4096,
+        4096,
+        0,
+        2,
+        "cu.info",
+        "cu.array",
+        32768,
+        32768,
+        "freeall",
+        "cu.info",
     )
     assert r.rcs()[:3] == [0, 0, 0]
     assert info(r, 0) == (GiB - 400 * MiB, GiB)
@@ -161,8 +231,14 @@ def test_invalid_quota_fails_closed(vram: Env) -> None:
 
 
 def test_quota_units_are_understood(vram: Env) -> None:
-    for quota, expected in [("1073741824", GiB), ("1024Mi", GiB), ("1048576Ki", GiB), ("0.5Gi", GiB // 2),
-                            ("2G", 2_000_000_000), ("0:1Ti", 1 << 40)]:
+    for quota, expected in [
+        ("1073741824", GiB),
+        ("1024Mi", GiB),
+        ("1048576Ki", GiB),
+        ("0.5Gi", GiB // 2),
+        ("2G", 2_000_000_000),
+        ("0:1Ti", 1 << 40),
+    ]:
         r = vram.cli("cu.info", HCS_VRAM_QUOTA=quota, STUB_TOTAL_BYTES=str(2 << 40))
         assert info(r)[1] == expected, quota
 

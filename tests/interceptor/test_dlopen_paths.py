@@ -3,7 +3,7 @@ and the cuGetProcAddress paths the CUDA runtime uses."""
 
 from __future__ import annotations
 
-from .conftest import GiB, MiB, Env
+from .conftest import Env, GiB, MiB
 
 PRELUDE = """
 import ctypes
@@ -16,7 +16,9 @@ def info(fn, *lead):
 
 
 def test_ctypes_dlopen_of_libcuda_gets_the_wrappers(vram: Env) -> None:
-    code = PRELUDE + """
+    code = (
+        PRELUDE
+        + """
 cu = ctypes.CDLL("libcuda.so.1")
 cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), c_size]
 cu.cuMemFree_v2.argtypes = [ctypes.c_ulonglong]
@@ -27,6 +29,7 @@ print("info rc=%d free=%d total=%d" % info(cu.cuMemGetInfo_v2))
 print("free rc=%d" % cu.cuMemFree_v2(p))
 print("info rc=%d free=%d total=%d" % info(cu.cuMemGetInfo_v2))
 """
+    )
     r = vram.python(code)
     assert [x["rc"] for x in r.ops("alloc")] == ["0", "2"]
     assert (int(r.ops("info")[0]["free"]), int(r.ops("info")[0]["total"])) == (256 * MiB, GiB)
@@ -35,7 +38,9 @@ print("info rc=%d free=%d total=%d" % info(cu.cuMemGetInfo_v2))
 
 
 def test_ctypes_nvml_sees_the_slice(vram: Env) -> None:
-    code = PRELUDE + """
+    code = (
+        PRELUDE
+        + """
 class Mem(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 nv = ctypes.CDLL("libnvidia-ml.so.1")
@@ -46,12 +51,21 @@ m = Mem()
 rc = nv.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m))
 print("nvml rc=%d total=%d free=%d used=%d" % (rc, m.total, m.free, m.used))
 """
+    )
     r = vram.python(code, HCS_VRAM_QUOTA="3Gi")
-    assert r.op(0) == {"op": "nvml", "rc": "0", "total": str(3 * GiB), "free": str(3 * GiB), "used": "0"}
+    assert r.op(0) == {
+        "op": "nvml",
+        "rc": "0",
+        "total": str(3 * GiB),
+        "free": str(3 * GiB),
+        "used": "0",
+    }
 
 
 def test_ctypes_dlopen_of_acl_hip_and_cnrt_gets_the_wrappers(vram: Env) -> None:
-    code = PRELUDE + """
+    code = (
+        PRELUDE
+        + """
 for lib, alloc, args, free, meminfo, lead in [
     ("libascendcl.so", "aclrtMalloc", (0,), "aclrtFree", "aclrtGetMemInfo", (1,)),
     ("libamdhip64.so", "hipMalloc", (), "hipFree", "hipMemGetInfo", ()),
@@ -67,6 +81,7 @@ for lib, alloc, args, free, meminfo, lead in [
     rcf = getattr(l, free)(p)
     print("%s rc=%d second=%d free=%d total=%d freed=%d" % (lib, rc1, rc2, f, t, rcf))
 """
+    )
     r = vram.python(code)
     seconds = {line["op"]: int(line["second"]) for line in r.lines}
     assert seconds == {"libascendcl.so": 207001, "libamdhip64.so": 2, "libcnrt.so": 100100}
@@ -78,8 +93,23 @@ for lib, alloc, args, free, meminfo, lead in [
 def test_cu_get_proc_address_entry_points_are_wrapped(vram: Env) -> None:
     for api in ("v1", "v2"):
         for flags in ("0", "2"):  # default and per-thread default stream
-            r = vram.cli("gpa", api, 12000, flags, "g.alloc", "700Mi", "g.alloc", "700Mi", "g.async", "300Mi",
-                         "g.async", "300Mi", "g.info", "freeall", "g.info")
+            r = vram.cli(
+                "gpa",
+                api,
+                12000,
+                flags,
+                "g.alloc",
+                "700Mi",
+                "g.alloc",
+                "700Mi",
+                "g.async",
+                "300Mi",
+                "g.async",
+                "300Mi",
+                "g.info",
+                "freeall",
+                "g.info",
+            )
             assert r.op(0)["wrapped"] == "1", (api, flags)
             assert r.rcs()[1:5] == [0, 2, 0, 2], (api, flags)
             assert int(r.ops("g.info")[0]["free"]) == GiB - 1000 * MiB
@@ -89,8 +119,21 @@ def test_cu_get_proc_address_entry_points_are_wrapped(vram: Env) -> None:
 def test_cu_get_proc_address_suffix_fallback_wraps_internal_entry_points(vram: Env) -> None:
     # the stub driver hands out internal trampolines that are not the
     # exported cuMemAlloc_v2 etc.: the wrapper is chosen by name + "_v2"
-    r = vram.cli("gpa", "v2", 12000, 0, "g.alloc", "700Mi", "g.alloc", "700Mi", "g.info", "freeall", "g.info",
-                 STUB_GPA_INDIRECT="1", HCS_INTERCEPTOR_LOG="debug")
+    r = vram.cli(
+        "gpa",
+        "v2",
+        12000,
+        0,
+        "g.alloc",
+        "700Mi",
+        "g.alloc",
+        "700Mi",
+        "g.info",
+        "freeall",
+        "g.info",
+        STUB_GPA_INDIRECT="1",
+        HCS_INTERCEPTOR_LOG="debug",
+    )
     assert r.rcs()[1:3] == [0, 2]
     assert int(r.ops("g.info")[0]["free"]) == GiB - 700 * MiB
     assert int(r.ops("g.info")[1]["free"]) == GiB

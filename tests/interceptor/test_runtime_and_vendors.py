@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import GiB, MiB, Env
+from .conftest import Env, GiB, MiB
 
 cudaErrorMemoryAllocation = 2
 ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
@@ -22,7 +22,9 @@ def test_cuda_malloc_beyond_quota_returns_cuda_error_memory_allocation(vram: Env
     assert r.rcs() == [0, cudaErrorMemoryAllocation]
 
 
-def test_runtime_allocation_is_charged_once_although_the_runtime_calls_the_driver(vram: Env) -> None:
+def test_runtime_allocation_is_charged_once_although_the_runtime_calls_the_driver(
+    vram: Env,
+) -> None:
     # the stub runtime allocates through cuGetProcAddress'ed (wrapped) driver calls
     r = vram.cli("rt.alloc", "700Mi", "rt.info", "cu.info", "freeall", "rt.info")
     assert free_total(r.ops("rt.info")[0]) == (GiB - 700 * MiB, GiB)
@@ -31,7 +33,17 @@ def test_runtime_allocation_is_charged_once_although_the_runtime_calls_the_drive
 
 
 def test_runtime_managed_and_async_allocations_are_accounted(vram: Env) -> None:
-    r = vram.cli("rt.managed", "400Mi", "rt.async", "400Mi", "rt.async", "400Mi", "rt.info", "freeall", "rt.info")
+    r = vram.cli(
+        "rt.managed",
+        "400Mi",
+        "rt.async",
+        "400Mi",
+        "rt.async",
+        "400Mi",
+        "rt.info",
+        "freeall",
+        "rt.info",
+    )
     assert r.rcs()[:3] == [0, 0, cudaErrorMemoryAllocation]
     assert free_total(r.ops("rt.info")[0]) == (GiB - 800 * MiB, GiB)
     assert free_total(r.ops("rt.info")[1]) == (GiB, GiB)
@@ -65,7 +77,14 @@ def test_vendor_allocation_beyond_quota_returns_the_vendor_oom_code(
 def test_vendor_quota_follows_the_current_device(vram: Env, vendor: str) -> None:
     info = ["acl.info", 1] if vendor == "acl" else [f"{vendor}.info"]
     r = vram.cli(
-        f"{vendor}.alloc", "1Gi", "setdev", vendor, 1, f"{vendor}.alloc", "1536Mi", *info,
+        f"{vendor}.alloc",
+        "1Gi",
+        "setdev",
+        vendor,
+        1,
+        f"{vendor}.alloc",
+        "1536Mi",
+        *info,
         HCS_VRAM_QUOTA="0:1Gi,1:2Gi",
     )
     assert r.rcs()[0] == 0 and r.rcs()[2] == 0

@@ -13,7 +13,9 @@ from .conftest import BUILD, SRC
 
 @pytest.mark.parametrize("target", ["asan", "tsan"])
 def test_sanitizer_build_runs_every_scenario_cleanly(built: object, target: str) -> None:
-    proc = subprocess.run(["make", "-C", str(SRC), "-j2", target], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["make", "-C", str(SRC), "-j2", target], capture_output=True, text=True, timeout=300
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert f"{target}: all scenarios passed" in output
@@ -25,7 +27,9 @@ def test_sanitizer_build_runs_every_scenario_cleanly(built: object, target: str)
 def test_benchmark_reports_baseline_and_interceptor_cost_per_pair(built: object) -> None:
     proc = subprocess.run(
         [str(BUILD / "tests" / "bench"), str(BUILD / "libhcs_interceptor.so"), "20000"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"^\d+\s", line)]
