@@ -335,7 +335,7 @@ class Consumer(Generic[T]):
                 continue
             try:
                 batch = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)
-            except NatsTimeout:
+            except (NatsTimeout, TimeoutError):  # nats-py's fetch also raises the builtin
                 self.caught_up.set()
                 continue
             except NotFoundError:

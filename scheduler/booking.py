@@ -15,6 +15,8 @@ after ``reserve_ttl_s`` (``AllocationEvent expired``).
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -146,7 +148,10 @@ class Booker:
             await self.release(pod.ref, reason=note, state="released")
             BINDS.add(1, {"outcome": "binding_failed"})
             return note
-        await self._mark_bound(pod.ref, node=node)
+        try:
+            await self._mark_bound(pod.ref, node=node)
+        except HcsError as exc:  # the pod is bound; expiry must not take it back
+            _log.error("mark_bound_failed", pod=pod.ref.name, node=node, error=str(exc))
         await self._announce(node, reservation, state="bound", reason=note)
         BINDS.add(1, {"outcome": "bound"})
         return ""
@@ -155,7 +160,7 @@ class Booker:
         view = self.state.nodes.get(node)
         if view is None:
             return f"hcs: node {node} is unknown to HCS; cannot bind {pod.ref.name}"
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             held = await self.read(node)
             current = held.doc.reservations if held.doc else ()
             mine = next((r for r in current if _same_pod(r.pod, pod.ref)), None)
@@ -170,6 +175,7 @@ class Booker:
             try:
                 await self.write(node, doc, revision=held.revision)
             except CasConflict:
+                await _backoff(attempt)
                 continue
             return reservation
         raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
@@ -272,7 +278,7 @@ class Booker:
         return count
 
     async def _edit(self, node: str, change: Callable[[Reservation], Reservation | None]) -> None:
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             held = await self.read(node)
             if held.doc is None:
                 return
@@ -284,6 +290,7 @@ class Booker:
                                  revision=held.revision)
                 return
             except CasConflict:
+                await _backoff(attempt)
                 continue
         raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
 
@@ -301,6 +308,11 @@ class Booker:
         except HcsError as exc:
             _log.error("allocation_event_lost", node=node, pod=r.pod.name, error=str(exc))
         return event
+
+
+async def _backoff(attempt: int) -> None:
+    """Jittered pause after a lost compare-and-set, so contenders spread out."""
+    await asyncio.sleep(random.uniform(0, min(0.001 * 2 ** min(attempt, 6), 0.05)))
 
 
 def pods_key(ref: PodRef) -> str:

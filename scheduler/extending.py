@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -23,9 +22,9 @@ from hcs_bus.telemetry import logger, meter, metrics_text
 from scheduler import extenders as wire
 from scheduler import placing
 from scheduler.booking import Booker, Kube
+from scheduler.caching import NodeCache
 from scheduler.pods import BadPod, PlanAnnotation, PodInfo, pod_info, pod_info_from_dict
 from scheduler.serving import Planner
-from scheduler.state import ClusterState
 from scheduler.viewing import ClusterView
 
 _log = logger("hcs.scheduler.extender")
@@ -34,60 +33,6 @@ CALLS = _meter.create_counter("hcs_extender_calls", description="extender calls 
 MAX_BODY = 64 * 1024 * 1024
 _POD_CACHE = 10_000
 _DEMAND_CACHES = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    fit: placing.Fit
-    parts: placing.Components | None
-
-
-class NodeCache:
-    """Per-demand cache of fit and score parts, invalidated per node."""
-
-    def __init__(self, state: ClusterState) -> None:
-        self.state = state
-        self._by_demand: OrderedDict[PlanAnnotation, dict[str, Entry]] = OrderedDict()
-        self.jobs: dict[str, set[str]] = {}  # "ns/job" → nodes holding it
-
-    def changed(self, node: str) -> None:
-        for entries in self._by_demand.values():
-            entries.pop(node, None)
-        for nodes in self.jobs.values():
-            nodes.discard(node)
-        view = self.state.nodes.get(node)
-        if view is not None:
-            for r in view.reservations.values():
-                if r.job:
-                    self.jobs.setdefault(f"{r.pod.namespace}/{r.job}", set()).add(node)
-
-    def entries(self, demand: PlanAnnotation) -> dict[str, Entry]:
-        found = self._by_demand.get(demand)
-        if found is None:
-            found = self._by_demand[demand] = {}
-            if len(self._by_demand) > _DEMAND_CACHES:
-                self._by_demand.popitem(last=False)
-        return found
-
-    def entry(self, entries: dict[str, Entry], name: str, demand: PlanAnnotation) -> Entry:
-        found = entries.get(name)
-        if found is None:
-            node = self.state.nodes.get(name)
-            fit = placing.check_node(node, demand)
-            parts = placing.components(node, fit, demand) if fit.ok and node else None
-            found = entries[name] = Entry(fit, parts)
-        return found
-
-    def job_groups(self, pod: PodInfo) -> set[str] | None:
-        if not pod.job:
-            return None
-        groups = set()
-        for name in self.jobs.get(f"{pod.ref.namespace}/{pod.job}", ()):
-            node = self.state.nodes.get(name)
-            group = placing.network_group(node) if node else None
-            if group:
-                groups.add(group)
-        return groups or None
 
 
 class Extender:
@@ -102,7 +47,7 @@ class Extender:
     ) -> None:
         self.view, self.planner, self.booker, self.kube = view, planner, booker, kube
         self.weights = weights
-        self.cache = NodeCache(view.state)
+        self.cache = NodeCache(view.state, weights=weights)
         self.pods: OrderedDict[str, PodInfo] = OrderedDict()
         view.listeners.append(self.cache.changed)
 
@@ -118,7 +63,7 @@ class Extender:
         return app
 
     def _guard(
-        self, verb: str, handler: Callable[[bytes], Awaitable[msgspec.Struct | list[Any]]]
+        self, verb: str, handler: Callable[[bytes], Awaitable[Any]]
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             CALLS.add(1, {"verb": verb})
@@ -159,18 +104,7 @@ class Extender:
         demand = await self._demand(pod)
         if isinstance(demand, str):
             return wire.ExtenderFilterResult(error=demand)
-        entries = self.cache.entries(demand)
-        passed: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        for name in names:
-            fit = self.cache.entry(entries, name, demand).fit
-            if fit.ok:
-                passed.append(name)
-            elif fit.unresolvable:
-                unresolvable[name] = fit.reason
-            else:
-                failed[name] = fit.reason
+        passed, failed, unresolvable = self.cache.of(demand).filter(names)
         return self._filtered(args, passed, failed, unresolvable)
 
     def _filtered(
@@ -190,7 +124,7 @@ class Extender:
         nodes = wire.NodeList(items=items, metadata=args.nodes.metadata)
         return wire.ExtenderFilterResult(nodes=nodes, failed=failed, unresolvable=unresolvable)
 
-    async def prioritize(self, body: bytes) -> list[wire.HostPriority]:
+    async def prioritize(self, body: bytes) -> list[wire.HostPriority] | msgspec.Raw:
         args = wire.FILTER_ARGS.decode(body)
         names = wire.node_names(args)
         try:
@@ -202,18 +136,11 @@ class Extender:
         demand = await self._demand(pod)
         if isinstance(demand, str):
             return [wire.HostPriority(host=n, score=0) for n in names]
-        entries = self.cache.entries(demand)
-        parts = [self.cache.entry(entries, n, demand).parts for n in names]
-        best = max((p.topology_gbps for p in parts if p is not None), default=0.0)
+        cache = self.cache.of(demand)
         groups = self.cache.job_groups(pod)
-        return [
-            wire.HostPriority(
-                host=name,
-                score=placing.node_score(p, weights=self.weights, best_gbps=best, job_groups=groups)
-                if p is not None else 0,
-            )
-            for name, p in zip(names, parts, strict=True)
-        ]
+        if demand.devices == 1 and groups is None:
+            return msgspec.Raw(cache.plain_scores(names))
+        return cache.scores(names, job_groups=groups)
 
     async def bind(self, body: bytes) -> wire.ExtenderBindingResult:
         args = wire.BIND_ARGS.decode(body)

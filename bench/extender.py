@@ -1,0 +1,219 @@
+"""Extender, plan and bind benchmark: ``python -m bench.extender [--small]``.
+
+5,000 nodes × 8 devices replayed from a real nats-server; filter then
+prioritize (nodeCacheCapable, every name) through the real aiohttp server
+over loopback, next to a bare aiohttp handler that decodes and re-encodes the
+same payload in the same run (the floor). Then plans over ``hcs.place`` on one
+replica, binds with two replicas contending, and the process's peak RSS.
+Targets: extender p99 ≤ 2× floor and ≤ 15 ms; plans ≥ 500/s, p99 ≤ 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from hcs_bus import streams, subjects
+from hcs_bus.bus import Bus, connect
+from hcs_bus.messages import (
+    Compute,
+    DeviceFingerprint,
+    NodeFingerprint,
+    PlanRequest,
+    Policy,
+    PodRef,
+    Requests,
+)
+from hcs_bus.natsserver import NatsServer, free_port
+from hcs_bus.settings import BusSettings, Settings, replace
+from hcs_bus.telemetry import TelemetrySettings, configure
+from scheduler.pods import PlanAnnotation, PodInfo
+from scheduler.running import Scheduler, run
+
+SLICE = {"vendor": "nvidia", "model": "A100-80G", "devices": 1,
+         "vram_mib_per_device": 8192, "whole_device": False, "acu_per_device": 10.0}
+
+
+def fleet(nodes: int) -> list[NodeFingerprint]:
+    out = []
+    for n in range(nodes):
+        devices = tuple(
+            DeviceFingerprint(index=i, uuid=f"GPU-{n}-{i}", vendor="nvidia", model="A100-80G",
+                              vram_total_mib=81920, vram_free_mib=81920,
+                              compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0))
+            for i in range(8)
+        )
+        out.append(NodeFingerprint(node=f"node-{n}", agent_version="bench", boot_id="b",
+                                   seq=1, time_s=1.0, devices=devices,
+                                   labels={"hcs.io/rdma-fabric": f"f{n % 16}"}))
+    return out
+
+
+def filter_body(names: list[str]) -> bytes:
+    pod = {
+        "metadata": {"name": "bench", "namespace": "ml", "uid": "uid-bench",
+                     "annotations": {"hcs.io/plan": json.dumps(SLICE)}},
+        "spec": {"containers": [{"name": "c", "resources": {}}], "priority": 0},
+    }
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def timed(calls: int, call: Callable[[], Awaitable[Any]]) -> list[float]:
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        await call()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def floor_server() -> tuple[web.AppRunner, int]:
+    async def echo(request: web.Request) -> web.Response:
+        body = msgspec.json.decode(await request.read())
+        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/filter", echo)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+async def bench_extender(sched: Scheduler, names: list[str], calls: int) -> dict[str, Any]:
+    body = filter_body(names)
+    runner, floor_port = await floor_server()
+    base = f"http://127.0.0.1:{sched.port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def post(url: str) -> None:
+                async with session.post(url, data=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    await resp.read()
+
+            await post(f"{base}/filter")  # warm the cache, as kube-scheduler's stream would
+            await post(f"{base}/prioritize")
+            floor = await timed(calls, lambda: post(f"http://127.0.0.1:{floor_port}/filter"))
+            filt = await timed(calls, lambda: post(f"{base}/filter"))
+            prio = await timed(calls, lambda: post(f"{base}/prioritize"))
+    finally:
+        await runner.cleanup()
+    return {"floor": floor, "filter": filt, "prioritize": prio}
+
+
+async def bench_plans(bus: Bus, count: int, *, concurrency: int = 4) -> tuple[float, list[float]]:
+    request = PlanRequest(namespace="ml", requests=Requests(vram_mib=16384, acu=20),
+                          policy=Policy())
+    from hcs_bus.messages import Plan
+
+    latencies: list[float] = []
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            plan = await bus.request(subjects.PLACE, request, Plan, timeout_s=5)
+            latencies.append(time.perf_counter() - t0)
+            assert plan.ok, plan.reason
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(count // concurrency) for _ in range(concurrency)))
+    return len(latencies) / (time.perf_counter() - t0), latencies
+
+
+async def bench_binds(replicas: list[Scheduler], names: list[str], count: int) -> tuple[float, int]:
+    demand = PlanAnnotation(**SLICE)
+    rng = random.Random(1)
+    hot = names[: max(4, len(names) // 50)]  # contention: few nodes, two replicas
+
+    def pod(i: int) -> PodInfo:
+        return PodInfo(ref=PodRef(namespace="ml", name=f"b{i}", uid=f"u{i}"), requests=None,
+                       policy=Policy(), annotation=None, priority=0, job=None)
+
+    sem = asyncio.Semaphore(64)
+
+    async def one(i: int) -> str:
+        async with sem:
+            return await replicas[i % 2].booker.bind(pod(i), demand, node=rng.choice(hot))
+
+    t0 = time.perf_counter()
+    errors = await asyncio.gather(*(one(i) for i in range(count)))
+    return count / (time.perf_counter() - t0), sum(1 for e in errors if not e)
+
+
+async def main(small: bool) -> None:
+    configure(TelemetrySettings(log_level="error"), service="bench")
+    nodes, calls = (200, 200) if small else (5000, 1000)
+    server = NatsServer().start()
+    bus_settings = BusSettings(url=server.url, name="bench")
+    try:
+        bus = await connect(bus_settings)
+        await streams.init(bus, bus_settings)
+        fps = fleet(nodes)
+        await bus.publish_window((subjects.fp(f.node), f, f"{f.node}:1") for f in fps)
+        settings = replace(Settings(bus=bus_settings),
+                           scheduler={"extender_port": free_port(), "reserve_ttl_s": 3600})
+        t0 = time.perf_counter()
+        sched = await run(bus, None, settings)
+        await sched.view.wait_ready(timeout_s=60)
+        ready_s = time.perf_counter() - t0
+        names = [f.node for f in fps]
+        ext = await bench_extender(sched, names, calls)
+        plans_s, plan_lat = await bench_plans(bus, 400 if small else 4000)
+        bus2 = await connect(bus_settings, name="bench-2")
+        settings2 = replace(settings, scheduler={"extender_port": free_port()})
+        other = await run(bus2, None, settings2, http=False)
+        await other.view.wait_ready(timeout_s=60)
+        binds_s, bound = await bench_binds([sched, other], names, 200 if small else 2000)
+        await other.stop()
+        await sched.stop()
+        await bus2.nc.close()
+        await bus.nc.close()
+    finally:
+        server.cleanup()
+    report(nodes=nodes, calls=calls, ready_s=ready_s, ext=ext, plans_s=plans_s,
+           plan_lat=plan_lat, binds_s=binds_s, bound=bound)
+
+
+def report(**r: Any) -> None:
+    ext = r["ext"]
+    floor99 = pct(ext["floor"], 0.99)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\nHCS extender bench: {r['nodes']} nodes × 8 devices, {r['calls']} calls each, "
+          f"view ready in {r['ready_s']:.2f}s")
+    print(f"{'what':<34}{'p50 ms':>9}{'p99 ms':>9}{'vs floor p99':>14}{'target':>16}")
+    for key, label in (("floor", "bare aiohttp decode+encode"), ("filter", "filter (names)"),
+                       ("prioritize", "prioritize (names)")):
+        p50, p99 = pct(ext[key], 0.5), pct(ext[key], 0.99)
+        ratio = p99 / floor99 if floor99 else 0.0
+        target = "" if key == "floor" else ("ok" if p99 <= 15 and ratio <= 2 else "MISSED")
+        print(f"{label:<34}{p50:>9.2f}{p99:>9.2f}{ratio:>13.2f}×{target + ' ≤2×,≤15ms':>16}")
+    p99 = pct(r["plan_lat"], 0.99)
+    ok = "ok" if r["plans_s"] >= 500 and p99 <= 10 else "MISSED"
+    print(f"{'plans over hcs.place (1 replica)':<34}{statistics.median(r['plan_lat']) * 1000:>9.2f}"
+          f"{p99:>9.2f}{r['plans_s']:>10.0f}/s   {ok} ≥500/s,≤10ms")
+    print(f"{'binds, 2 replicas contending':<34}{'':>18}{r['binds_s']:>10.0f}/s   "
+          f"({r['bound']} bound)")
+    print(f"{'peak RSS (whole bench process)':<34}{rss_mb:>18.0f} MB")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="a quick run at tiny size")
+    asyncio.run(main(parser.parse_args().small))
