@@ -67,8 +67,12 @@ class DemandCache:
         return found
 
     def filter(self, names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        ok = self.ok
+        passed = [n for n in names if n in ok]
+        if len(passed) == len(names):  # the common answer: one pass
+            return passed, {}, {}
         self.fill(names)
-        ok, failed, unres = self.ok, self.failed, self.unresolvable
+        failed, unres = self.failed, self.unresolvable
         passed = [n for n in names if n in ok]
         out_failed = {n: failed[n] for n in names if n in failed} if failed else {}
         out_unres = {n: unres[n] for n in names if n in unres} if unres else {}
@@ -76,8 +80,11 @@ class DemandCache:
 
     def plain_scores(self, names: list[str]) -> bytes:
         """The HostPriorityList JSON when topology and affinity do not matter."""
-        self.fill(names)
         fragments = self.fragments
+        try:
+            return b"[" + b",".join([fragments[n] for n in names]) + b"]"
+        except KeyError:
+            self.fill(names)
         return b"[" + b",".join([fragments[n] for n in names]) + b"]"
 
     def scores(self, names: list[str], *, job_groups: set[str] | None) -> list[wire.HostPriority]:
