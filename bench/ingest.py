@@ -1,0 +1,200 @@
+"""Ingest benchmark: ``python -m bench.ingest [--small]``.
+
+Fills a real nats-server with a synthetic fleet (10,000 nodes × 8 devices:
+fingerprints, plus health events at 1 per node per second for 10 s = 100k),
+then measures, each in its own subprocess (so peak RSS does not mix):
+
+* the ClusterView (scheduler/viewing.py on hcs_bus.bus.Consumer) replaying
+  both streams until every message is applied, and its time to ready;
+* a bare nats-py pull consumer that only decodes and acks the same messages
+  (same AckAll policy, same batch of 1,000).
+
+Targets: ratio ≥ 0.7, ≥ 20,000 events/s, RSS ≤ 300 MB, ready ≤ 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import msgspec
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from hcs_bus import streams, subjects
+from hcs_bus.bus import Bus, connect
+from hcs_bus.messages import (
+    Compute,
+    DeviceFingerprint,
+    HealthEvent,
+    NodeFingerprint,
+)
+from hcs_bus.natsserver import NatsServer
+from hcs_bus.settings import BusSettings, SchedulerSettings, TelemetrySettings
+from hcs_bus.telemetry import configure
+
+BATCH = 1000
+
+
+def fingerprint(n: int) -> NodeFingerprint:
+    devices = tuple(
+        DeviceFingerprint(index=i, uuid=f"GPU-{n}-{i}", vendor="nvidia", model="A100-80G",
+                          vram_total_mib=81920, vram_free_mib=81920,
+                          compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
+                          pci_bus_id=f"0000:{i:02x}:00.0")
+        for i in range(8)
+    )
+    return NodeFingerprint(node=f"node-{n}", agent_version="bench", boot_id="b", seq=1,
+                           time_s=1.0, devices=devices)
+
+
+def health(n: int, second: int) -> HealthEvent:
+    if second == 0 and n % 100 == 0:
+        return HealthEvent(node=f"node-{n}", kind="verdict", severity="warning",
+                           source="healer", time_s=float(second), device=0,
+                           verdict="degraded", health_score=70)
+    return HealthEvent(node=f"node-{n}", kind="ecc_corrected", severity="info", source="agent",
+                       time_s=float(second), device=second % 8, code=second,
+                       evidence={"count": second})
+
+
+async def fill(bus: Bus, *, nodes: int, seconds: int) -> int:
+    await bus.publish_window(
+        (subjects.fp(f"node-{n}"), fingerprint(n), f"fp:{n}") for n in range(nodes))
+    await bus.publish_window(
+        (subjects.health(f"node-{n}"), health(n, s), f"h:{n}:{s}")
+        for s in range(seconds) for n in range(nodes))
+    return nodes + nodes * seconds
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# ------------------------------------------------------------- the roles --
+
+
+async def role_view(url: str, total: int) -> dict[str, Any]:
+    from scheduler.viewing import ClusterView
+
+    configure(TelemetrySettings(log_level="error"), service="bench")
+    bus = await connect(BusSettings(url=url, name="bench-view"))
+    view = ClusterView(bus, settings=SchedulerSettings(stale_after_s=3600), batch=BATCH)
+    t0 = time.perf_counter()
+    await view.start()
+    await view.wait_ready(timeout_s=120)
+    ready_s = time.perf_counter() - t0
+    while view.applied < total:
+        await asyncio.sleep(0.005)
+    took = time.perf_counter() - t0
+    nodes = len(view.state.nodes)
+    await view.stop()
+    await bus.nc.close()
+    return {"rate": total / took, "ready_s": ready_s, "rss_mb": peak_rss_mb(), "nodes": nodes}
+
+
+async def _drain(bus: Bus, *, stream: str, subject: str, kind: type, deliver: DeliverPolicy,
+                 counts: list[int]) -> None:
+    config = ConsumerConfig(ack_policy=AckPolicy.ALL, deliver_policy=deliver,
+                            max_ack_pending=2 * BATCH, filter_subject=subject,
+                            inactive_threshold=60.0)
+    sub = await bus.js.pull_subscribe(subject, stream=stream, config=config)
+    pending = (await sub.consumer_info()).num_pending
+    decode = msgspec.json.Decoder(kind).decode
+    seen = 0
+    while seen < pending:
+        try:
+            batch = await sub.fetch(BATCH, timeout=1.0)
+        except (TimeoutError, asyncio.TimeoutError):
+            continue
+        for msg in batch:
+            decode(msg.data)
+        await batch[-1].ack()
+        seen += len(batch)
+    counts.append(seen)
+
+
+async def role_bare(url: str, total: int) -> dict[str, Any]:
+    bus = await connect(BusSettings(url=url, name="bench-bare"))
+    counts: list[int] = []
+    t0 = time.perf_counter()
+    await asyncio.gather(
+        _drain(bus, stream=streams.FP, subject=subjects.FP_ALL, kind=NodeFingerprint,
+               deliver=DeliverPolicy.LAST_PER_SUBJECT, counts=counts),
+        _drain(bus, stream=streams.HEALTH, subject=subjects.HEALTH_ALL, kind=HealthEvent,
+               deliver=DeliverPolicy.ALL, counts=counts),
+    )
+    took = time.perf_counter() - t0
+    await bus.nc.close()
+    assert sum(counts) == total, (counts, total)
+    return {"rate": total / took, "rss_mb": peak_rss_mb()}
+
+
+def run_role(role: str, url: str, total: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.ingest", "--role", role, "--url", url,
+         "--total", str(total)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+async def main(small: bool) -> None:
+    configure(TelemetrySettings(log_level="error"), service="bench")
+    nodes, seconds = (500, 4) if small else (10_000, 10)
+    server = NatsServer().start()
+    try:
+        settings = BusSettings(url=server.url, name="bench-fill")
+        bus = await connect(settings)
+        await streams.init(bus, settings)
+        t0 = time.perf_counter()
+        total = await fill(bus, nodes=nodes, seconds=seconds)
+        fill_s = time.perf_counter() - t0
+        await bus.nc.close()
+        bare = run_role("bare", server.url, total)
+        view = run_role("view", server.url, total)
+    finally:
+        server.cleanup()
+    report(nodes=nodes, total=total, fill_s=fill_s, bare=bare, view=view)
+
+
+def report(**r: Any) -> None:
+    bare, view = r["bare"], r["view"]
+    ratio = view["rate"] / bare["rate"]
+    print(f"\nHCS ingest bench: {r['nodes']} nodes × 8 devices, {r['total']} messages "
+          f"(filled in {r['fill_s']:.1f}s)")
+    print(f"{'consumer':<36}{'events/s':>10}{'peak RSS MB':>13}{'ready s':>9}")
+    print(f"{'bare nats-py decode+ack (AckAll)':<36}{bare['rate']:>10.0f}{bare['rss_mb']:>13.0f}"
+          f"{'':>9}")
+    print(f"{'ClusterView (scheduler)':<36}{view['rate']:>10.0f}{view['rss_mb']:>13.0f}"
+          f"{view['ready_s']:>9.2f}")
+    checks = [
+        ("ratio ≥ 0.7", ratio >= 0.7, f"{ratio:.2f}"),
+        ("≥ 20,000 events/s", view["rate"] >= 20_000, f"{view['rate']:.0f}"),
+        ("RSS ≤ 300 MB", view["rss_mb"] <= 300, f"{view['rss_mb']:.0f}"),
+        ("ready ≤ 5 s", view["ready_s"] <= 5, f"{view['ready_s']:.2f}"),
+    ]
+    for name, ok, value in checks:
+        print(f"  {name:<22}{value:>10}  {'ok' if ok else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="a quick run at tiny size")
+    parser.add_argument("--role", choices=["view", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--total", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        role = role_view if args.role == "view" else role_bare
+        print(json.dumps(asyncio.run(role(args.url, args.total))))
+    else:
+        asyncio.run(main(args.small))
