@@ -49,6 +49,7 @@ from hcs_bus import streams, subjects
 JS_API = "$JS.API"
 NKEY_LABEL = "hcs.io/nats-nkey"
 SERVICES = ("scheduler", "injector", "healer", "mirror", "sidecar", "operator")
+FLEET = "fleet"  # dev only: the simulated fleet, one process playing every node
 HEALER_DURABLE = "hcs-healer-health"
 
 
@@ -79,7 +80,7 @@ class Credential:
 
 def inbox_prefix(user: str) -> str:
     """The inbox prefix of a user: a node token for agents, a service in upper case."""
-    token = user.upper() if user in SERVICES else subjects.node_token(user)
+    token = user.upper() if user in (*SERVICES, FLEET) else subjects.node_token(user)
     return f"_INBOX_{token}"
 
 
@@ -222,6 +223,11 @@ def _operator() -> Permissions:
     return Permissions(tuple(publish), ("hcs.>", _inbox("operator")))
 
 
+def _fleet() -> Permissions:
+    publish = (subjects.FP_ALL, subjects.HEALTH_ALL, subjects.PLACE)
+    return Permissions(publish, (_inbox(FLEET),))
+
+
 def service(name: str) -> Permissions:
     """The permissions of one service user (see ``SERVICES``)."""
     makers = {
@@ -231,6 +237,7 @@ def service(name: str) -> Permissions:
         "mirror": _mirror,
         "sidecar": _sidecar,
         "operator": _operator,
+        FLEET: _fleet,
     }
     if name not in makers:
         raise KeyError(f"no NATS service user {name!r}; known: {', '.join(SERVICES)}")
@@ -241,15 +248,19 @@ def service(name: str) -> Permissions:
 
 
 def nats_authorization(
-    nodes: Iterable[str], credentials: Mapping[str, Credential]
+    nodes: Iterable[str],
+    credentials: Mapping[str, Credential],
+    *,
+    simulated_fleet: bool = False,
 ) -> dict[str, Any]:
     """The ``authorization`` block: one user per node and per service.
 
     ``credentials`` maps a node name or a service name to its credential;
     every node and every service must have one (a user without is an error).
+    ``simulated_fleet`` adds the dev-only user ``fleet`` (publishes for any node).
     """
     users: list[dict[str, Any]] = []
-    for name in SERVICES:
+    for name in (*SERVICES, FLEET) if simulated_fleet else SERVICES:
         users.append(_user(name, service(name), credentials))
     for node in sorted(set(nodes)):
         users.append(_user(node, agent(node), credentials))
@@ -368,18 +379,20 @@ def registered_nodes(node_list: Mapping[str, Any]) -> dict[str, Credential]:
     return out
 
 
-def service_credentials(seeds_dir: Path) -> dict[str, Credential]:
+def service_credentials(seeds_dir: Path, *, names: Sequence[str]) -> dict[str, Credential]:
     """Each service's seed in ``<dir>/<service>.nk`` (made when missing)."""
-    return {name: Credential(nkey=ensure_seed(seeds_dir / f"{name}.nk")) for name in SERVICES}
+    return {name: Credential(nkey=ensure_seed(seeds_dir / f"{name}.nk")) for name in names}
 
 
 def _render(args: argparse.Namespace) -> int:
     node_list = json.loads(Path(args.nodes_json).read_text())
     nodes = registered_nodes(node_list)
-    creds: dict[str, Credential] = {**nodes, **service_credentials(Path(args.seeds_dir))}
-    text = render_nats_conf(nats_authorization(nodes, creds))
+    names = (*SERVICES, FLEET) if args.simulated_fleet else SERVICES
+    creds = {**nodes, **service_credentials(Path(args.seeds_dir), names=names)}
+    auth = nats_authorization(nodes, creds, simulated_fleet=args.simulated_fleet)
+    text = render_nats_conf(auth)
     Path(args.out).write_text(text)
-    print(f"rendered {len(nodes)} agent users and {len(SERVICES)} services into {args.out}")
+    print(f"rendered {len(nodes)} agent users and {len(names)} services into {args.out}")
     return 0
 
 
@@ -410,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     ren.add_argument("--nodes-json", required=True, help="kubectl get nodes -o json")
     ren.add_argument("--seeds-dir", required=True, help="service seeds (<service>.nk)")
     ren.add_argument("--out", required=True)
+    ren.add_argument("--simulated-fleet", action="store_true", help="add user fleet (dev)")
     args = parser.parse_args(argv)
     if args.command == "render":
         return _render(args)
