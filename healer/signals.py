@@ -56,9 +56,9 @@ def _rising_rates(history: DeviceHistory, t: Telemetry, *, now: float, rules: Ru
     while counters and now - counters[0].time > rules.degraded_window_s:
         counters.popleft()
     first, last = counters[0], counters[-1]
+    if last.time - first.time < rules.degraded_window_s / 2:
+        return ""  # too short a span: one blip would look like a huge rate
     hours = (last.time - first.time) / 3600.0
-    if hours <= 0:
-        return ""
     ecc = (last.ecc_corrected - first.ecc_corrected) / hours
     if ecc > rules.telemetry.ecc_corrected_per_h:
         return f"corrected ECC rising {ecc:.0f}/h"
