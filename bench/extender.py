@@ -31,8 +31,8 @@ from hcs_bus.messages import (
     DeviceFingerprint,
     NodeFingerprint,
     PlanRequest,
-    Policy,
     PodRef,
+    Policy,
     Requests,
 )
 from hcs_bus.natsserver import NatsServer, free_port

@@ -113,7 +113,7 @@ async def _drain(bus: Bus, *, stream: str, subject: str, kind: type, deliver: De
     while seen < pending:
         try:
             batch = await sub.fetch(BATCH, timeout=1.0)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             continue
         for msg in batch:
             decode(msg.data)

@@ -244,6 +244,21 @@ def _family(subject: str) -> str:
     return ".".join(subject.split(".")[:2])
 
 
+def _ack_fields(msg: Msg) -> tuple[int, int]:
+    """(stream sequence, pending) straight from the ack subject — nats-py's
+    ``msg.metadata`` builds several objects per message (~7% of a replay)."""
+    tokens = (msg.reply or "").split(".")
+    try:
+        if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pending>
+            return int(tokens[5]), int(tokens[8])
+        if len(tokens) >= 11:  # with <domain>.<account hash> after ACK
+            return int(tokens[7]), int(tokens[10])
+    except ValueError:
+        pass
+    meta = msg.metadata
+    return int(meta.sequence.stream), int(meta.num_pending)
+
+
 def _seq(msg: Msg) -> int:
     try:
         return int(msg.metadata.sequence.stream)
@@ -364,15 +379,13 @@ class Consumer(Generic[T]):
                 await self.bus.dead_letter(msg, reason=f"undecodable {self.kind.__name__}: {exc}")
                 await msg.term()
                 continue
-            meta = msg.metadata
-            good.append(
-                Delivery(msg.subject, value, meta.sequence.stream, meta.num_pending, msg.headers)
-            )
+            seq, pending = _ack_fields(msg)
+            good.append(Delivery(msg.subject, value, seq, pending, msg.headers))
             good_msgs.append(msg)
         if good:
             await self._hand_on(good, good_msgs)
         self.delivered += len(batch)
-        if batch[-1].metadata.num_pending == 0:
+        if _ack_fields(batch[-1])[1] == 0:
             self.caught_up.set()
 
     async def _hand_on(self, good: list[Delivery[T]], msgs: list[Msg]) -> None:
