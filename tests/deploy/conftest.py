@@ -3,24 +3,16 @@ the authorization block rendered by ``hcs_bus.permissions``."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import nats
 import pytest
-import yaml
 
 from hcs_bus import permissions, streams
 from hcs_bus.bus import Bus
 from hcs_bus.natsserver import NatsServer
 from hcs_bus.settings import BusSettings
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-OVERLAYS = ("dev", "production")
 NODES = ("gpu-node-a", "gpu-node-b.zone1")
 
 
@@ -75,32 +67,3 @@ async def connect_as(authorized_server: NatsServer) -> AsyncIterator[Connector]:
     yield connect
     for bus in opened:
         await bus.nc.close()
-
-
-def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if not found:
-        pytest.skip("needs kubectl (Debian package kubernetes-client)")
-    return found
-
-
-_RENDERED: dict[str, list[dict[str, Any]]] = {}
-
-
-def render(overlay: str) -> list[dict[str, Any]]:
-    """``kubectl kustomize deploy/overlays/<overlay>`` as a list of objects (cached)."""
-    if overlay not in _RENDERED:
-        out = subprocess.run(
-            [kubectl(), "kustomize", str(DEPLOY / "overlays" / overlay)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-        _RENDERED[overlay] = [d for d in yaml.safe_load_all(out) if d]
-    return _RENDERED[overlay]
-
-
-@pytest.fixture(params=OVERLAYS)
-def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return render(request.param)

@@ -1,0 +1,98 @@
+"""ComputeNode status from fingerprints and verdicts (scheduler/mirroring.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hcs_bus import subjects
+from hcs_bus.bus import Bus
+from hcs_bus.kube import Kube
+from hcs_bus.messages import Compute, DeviceFingerprint, HealthEvent, NodeFingerprint
+from scheduler.mirroring import Mirror, node_status
+from tests.apiserver import ApiServer
+
+
+def device(index: int, *, score: int = 100, error: str | None = None) -> DeviceFingerprint:
+    return DeviceFingerprint(
+        index=index, uuid=f"GPU-{index}", vendor="nvidia", model="A100-80G",
+        vram_total_mib=81920, vram_free_mib=40960,
+        compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
+        health_score=score, error=error,
+    )
+
+
+def fingerprint(node: str = "gpu-node-a", *, seq: int = 1, **kw: Any) -> NodeFingerprint:
+    devices = kw.pop("devices", (device(0), device(1)))
+    return NodeFingerprint(node=node, agent_version="0.1.0", boot_id="b", seq=seq,
+                           time_s=1_700_000_000.0, devices=devices, **kw)
+
+
+def verdict(node: str, value: str, *, device_index: int | None = None) -> HealthEvent:
+    return HealthEvent(node=node, kind="verdict", severity="critical", source="healer",
+                       time_s=1_700_000_100.0, device=device_index, verdict=value,  # type: ignore[arg-type]
+                       message="xid 79")
+
+
+def test_a_fingerprint_becomes_the_printer_columns_of_its_compute_node() -> None:
+    status = node_status(fingerprint())
+    assert (status["vendor"], status["model"], status["devices"]) == ("nvidia", "A100-80G", 2)
+    assert (status["vram"], status["vramFree"], status["acu"]) == ("160Gi", "80Gi", 200.0)
+    assert status["health"] == "healthy" and status["lastReport"] == "2023-11-14T22:13:20Z"
+    assert [d["index"] for d in status["deviceList"]] == [0, 1] and "lastVerdict" not in status
+
+
+def test_the_worst_device_or_a_node_verdict_decides_the_node_health() -> None:
+    sick = fingerprint(devices=(device(0), device(1, score=50)))
+    assert node_status(sick)["health"] == "degraded"
+    lost = fingerprint(devices=(device(0), device(1, error="fallen off the bus")))
+    assert node_status(lost)["deviceList"][1]["health"] == "failed"
+    on_device = node_status(fingerprint(), verdict=verdict("gpu-node-a", "failed", device_index=1))
+    assert on_device["health"] == "failed" and on_device["deviceList"][0]["health"] == "healthy"
+    node_wide = node_status(sick, verdict=verdict("gpu-node-a", "healthy"))
+    assert node_wide["health"] == "healthy" and node_wide["lastVerdict"]["verdict"] == "healthy"
+
+
+def test_a_node_without_devices_has_unknown_health() -> None:
+    status = node_status(fingerprint(devices=()))
+    assert status["health"] == "unknown" and status["devices"] == 0 and status["vram"] == "0Gi"
+
+
+async def until(check: Any, *, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+async def test_the_mirror_creates_and_updates_compute_nodes_from_the_bus(
+    bus: Bus, kube: Kube, apiserver: ApiServer
+) -> None:
+    await bus.publish(subjects.fp("gpu-node-a"), fingerprint(), msg_id="m:1")
+    mirror = Mirror(bus, kube, min_interval_s=0.0)
+    await mirror.start()
+    try:
+        await until(lambda: "gpu-node-a" in apiserver.computenodes)
+        await bus.publish(subjects.health("gpu-node-a"), verdict("gpu-node-a", "failed"),
+                          msg_id="m:v1")
+        await until(lambda: apiserver.computenodes["gpu-node-a"].get("status", {})
+                    .get("health") == "failed")
+    finally:
+        await mirror.stop()
+    status = apiserver.computenodes["gpu-node-a"]["status"]
+    assert status["lastVerdict"]["message"] == "xid 79" and status["devices"] == 2
+
+
+async def test_the_mirror_writes_a_busy_node_at_most_once_per_interval_but_keeps_the_latest(
+    bus: Bus, kube: Kube, apiserver: ApiServer
+) -> None:
+    mirror = Mirror(bus, kube, min_interval_s=0.3)
+    await mirror.start()
+    try:
+        for seq in range(1, 21):
+            await bus.publish(subjects.fp("gpu-node-b"), fingerprint("gpu-node-b", seq=seq),
+                              msg_id=f"b:{seq}")
+        await until(lambda: apiserver.computenodes.get("gpu-node-b", {}).get("status", {})
+                    .get("observedSeq") == 20)
+    finally:
+        await mirror.stop()
+    assert 1 <= mirror.writes <= 3
