@@ -137,7 +137,7 @@ def dead_letters(*patterns: str) -> list[str]:
 
 def _all_streams() -> list[str]:
     names = [streams.FP, streams.HEALTH, streams.ALLOC, streams.DLQ]
-    return names + [_kv_stream(streams.KV_ALLOC), _kv_stream(streams.KV_CKPT)]
+    return [*names, _kv_stream(streams.KV_ALLOC), _kv_stream(streams.KV_CKPT)]
 
 
 # -- parts --------------------------------------------------------------------
@@ -271,10 +271,14 @@ def _user(name: str, perms: Permissions, credentials: Mapping[str, Credential]) 
     cred = credentials.get(name)
     if cred is None or not (cred.nkey or cred.password):
         raise KeyError(f"no NATS credential for {name!r}")
-    user: dict[str, Any] = {"nkey": cred.nkey} if cred.nkey else {
-        "user": name,
-        "password": cred.password,
-    }
+    user: dict[str, Any] = (
+        {"nkey": cred.nkey}
+        if cred.nkey
+        else {
+            "user": name,
+            "password": cred.password,
+        }
+    )
     rules: dict[str, Any] = {
         "publish": {"allow": list(perms.publish)},
         "subscribe": {"allow": list(perms.subscribe)},

@@ -125,13 +125,21 @@ class Mirror:
 
     async def start(self) -> None:
         fp: Consumer[NodeFingerprint] = Consumer(
-            self.bus, stream=streams.FP, kind=NodeFingerprint, handle=self._on_fps,
-            filter_subject=subjects.FP_ALL, deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            self.bus,
+            stream=streams.FP,
+            kind=NodeFingerprint,
+            handle=self._on_fps,
+            filter_subject=subjects.FP_ALL,
+            deliver=DeliverPolicy.LAST_PER_SUBJECT,
             ack_all=True,
         )
         health: Consumer[HealthEvent] = Consumer(
-            self.bus, stream=streams.HEALTH, kind=HealthEvent, handle=self._on_health,
-            filter_subject=subjects.HEALTH_ALL, deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            self.bus,
+            stream=streams.HEALTH,
+            kind=HealthEvent,
+            handle=self._on_health,
+            filter_subject=subjects.HEALTH_ALL,
+            deliver=DeliverPolicy.LAST_PER_SUBJECT,
             ack_all=True,
         )
         for name, consumer in (("fp", fp), ("health", health)):
@@ -165,7 +173,9 @@ class Mirror:
             await self._wake.wait()
             self._wake.clear()
             now = loop.time()
-            due = [n for n in self._dirty if now - self.written.get(n, -1e18) >= self.min_interval_s]
+            due = [
+                n for n in self._dirty if now - self.written.get(n, -1e18) >= self.min_interval_s
+            ]
             for node in due:
                 self._dirty.discard(node)
                 await self._write(node, now=now)
@@ -179,7 +189,9 @@ class Mirror:
             return  # a verdict before any fingerprint: written with the first one
         self.written[node] = now
         try:
-            await self.kube.patch_compute_node_status(node, node_status(fp, verdict=self.verdicts.get(node)))
+            await self.kube.patch_compute_node_status(
+                node, node_status(fp, verdict=self.verdicts.get(node))
+            )
             self.writes += 1
         except KubeError as exc:
             _log.warning("computenode_write_failed", node=node, error=str(exc))

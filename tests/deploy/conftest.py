@@ -23,7 +23,9 @@ def password(user: str) -> str:
 @pytest.fixture(scope="session")
 def authorized_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """A real nats-server -js whose users and permissions are the rendered ones."""
-    creds = {u: permissions.Credential(password=password(u)) for u in (*permissions.SERVICES, *NODES)}
+    creds = {
+        u: permissions.Credential(password=password(u)) for u in (*permissions.SERVICES, *NODES)
+    }
     conf = tmp_path_factory.mktemp("nats-auth") / "nats.conf"
     conf.write_text(permissions.render_nats_conf(permissions.nats_authorization(NODES, creds)))
     server = NatsServer(config_file=conf).start()

@@ -32,8 +32,11 @@ def kubectl() -> str:
 
 
 def missing_part_kustomizations() -> list[str]:
-    return [f"deploy/{p}/kustomization.yaml" for p in PART_FOLDERS
-            if not (DEPLOY / p / "kustomization.yaml").exists()]
+    return [
+        f"deploy/{p}/kustomization.yaml"
+        for p in PART_FOLDERS
+        if not (DEPLOY / p / "kustomization.yaml").exists()
+    ]
 
 
 def _tree() -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
@@ -57,7 +60,10 @@ def render(overlay: str) -> list[dict[str, Any]]:
         try:
             out = subprocess.run(
                 [kubectl(), "kustomize", str(tree / "overlays" / overlay)],
-                check=True, capture_output=True, text=True, timeout=60,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
             ).stdout
         finally:
             if tmp is not None:

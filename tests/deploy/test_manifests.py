@@ -25,7 +25,9 @@ from tests.deploy.test_mirroring import fingerprint, verdict
 K8S_VERSION = "1.30.0"
 THIRD_PARTY = {"monitoring.coreos.com/v1", "cert-manager.io/v1"}
 MADE_AT_RUNTIME = {  # Secrets a Job or cert-manager makes
-    "hcs-nats-auth", "hcs-nats-service-seeds", "hcs-webhook-tls",
+    "hcs-nats-auth",
+    "hcs-nats-service-seeds",
+    "hcs-webhook-tls",
 }
 
 
@@ -58,7 +60,8 @@ def test_third_party_objects_have_their_required_fields(overlay: str) -> None:
         assert all(e["port"] for e in monitor["spec"]["endpoints"])
     for cert in by_kind(objects, "Certificate").values():
         assert cert["spec"]["secretName"] and cert["spec"]["issuerRef"]["name"] in by_kind(
-            objects, "Issuer")
+            objects, "Issuer"
+        )
     kinds = {o["kind"] for o in objects}
     assert ("Certificate" in kinds) == (overlay == "production")
 
@@ -66,7 +69,8 @@ def test_third_party_objects_have_their_required_fields(overlay: str) -> None:
 def test_production_lets_cert_manager_inject_the_ca_and_dev_runs_the_certs_job() -> None:
     prod = by_kind(render("production"), "MutatingWebhookConfiguration")["hcs-pod-mutator"]
     assert prod["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
-        "hcs-system/hcs-webhook")
+        "hcs-system/hcs-webhook"
+    )
     dev = render("dev")
     webhook = by_kind(dev, "MutatingWebhookConfiguration")["hcs-pod-mutator"]
     assert "cert-manager.io/inject-ca-from" not in webhook["metadata"].get("annotations", {})
@@ -79,12 +83,19 @@ def test_production_lets_cert_manager_inject_the_ca_and_dev_runs_the_certs_job()
 def test_a_mirrored_status_and_a_quota_match_our_crd_schemas() -> None:
     objects = render("production")
     status = node_status(fingerprint(), verdict=verdict("gpu-node-a", "degraded", device_index=0))
-    node = {"apiVersion": "hcs.io/v1alpha1", "kind": "ComputeNode",
-            "metadata": {"name": "gpu-node-a"}, "status": status}
+    node = {
+        "apiVersion": "hcs.io/v1alpha1",
+        "kind": "ComputeNode",
+        "metadata": {"name": "gpu-node-a"},
+        "status": status,
+    }
     jsonschema.validate(node, crd_schema(objects, "ComputeNode"))
-    quota = {"apiVersion": "hcs.io/v1alpha1", "kind": "ComputeQuota",
-             "metadata": {"name": "q", "namespace": "ml"},
-             "spec": {"hard": {"vram": "640Gi", "acu": 800}}}
+    quota = {
+        "apiVersion": "hcs.io/v1alpha1",
+        "kind": "ComputeQuota",
+        "metadata": {"name": "q", "namespace": "ml"},
+        "spec": {"hard": {"vram": "640Gi", "acu": 800}},
+    }
     schema = crd_schema(objects, "ComputeQuota")
     jsonschema.validate(quota, schema)
     with pytest.raises(jsonschema.ValidationError):
@@ -136,16 +147,20 @@ def test_every_service_selects_pods_and_the_webhook_and_extender_services_exist(
     overlay: str,
 ) -> None:
     objects = render(overlay)
-    templates = [o["spec"]["template"]["metadata"]["labels"] for o in objects
-                 if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+    templates = [
+        o["spec"]["template"]["metadata"]["labels"]
+        for o in objects
+        if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+    ]
     services = by_kind(objects, "Service")
     for name, service in services.items():
         selector = service["spec"]["selector"]
         assert any(selector.items() <= labels.items() for labels in templates), name
     webhook = by_kind(objects, "MutatingWebhookConfiguration")["hcs-pod-mutator"]
     assert webhook["webhooks"][0]["clientConfig"]["service"]["name"] in services
-    config = yaml.safe_load(by_kind(objects, "ConfigMap")["hcs-kube-scheduler-config"]["data"][
-        "scheduler-config.yaml"])
+    config = yaml.safe_load(
+        by_kind(objects, "ConfigMap")["hcs-kube-scheduler-config"]["data"]["scheduler-config.yaml"]
+    )
     host = re.match(r"https?://([^.:/]+)", config["extenders"][0]["urlPrefix"])
     assert host and host.group(1) in services
 
@@ -154,8 +169,11 @@ def test_the_grafana_dashboard_only_plots_metrics_the_code_exports() -> None:
     dashboard = json.loads((DEPLOY / "base/grafana/hcs-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     used = {re.sub(r"_(total|bucket|count|sum)$", "", m) for m in re.findall(r"hcs_[a-z_]+", exprs)}
-    source = " ".join(p.read_text() for d in ("agents", "scheduler", "injector", "healer",
-                                              "hcs_bus") for p in (ROOT / d).rglob("*.py"))
+    source = " ".join(
+        p.read_text()
+        for d in ("agents", "scheduler", "injector", "healer", "hcs_bus")
+        for p in (ROOT / d).rglob("*.py")
+    )
     exported = set(re.findall(r'create_[a-z_]+\(\s*"(hcs_[a-z_]+)"', source))
     assert used and used <= exported, f"not exported: {sorted(used - exported)}"
     config_map = by_kind(render("production"), "ConfigMap")["hcs-grafana-dashboard"]
@@ -168,13 +186,19 @@ def test_the_nats_config_with_rendered_users_is_accepted_by_nats_server(tmp_path
     (tmp_path / "nats.conf").write_text(conf)
     (tmp_path / "auth").mkdir()
     names = (*permissions.SERVICES, "gpu-node-a")
-    creds = {n: permissions.Credential(nkey=permissions.public_key(permissions.new_user_seed()))
-             for n in names}
+    creds = {
+        n: permissions.Credential(nkey=permissions.public_key(permissions.new_user_seed()))
+        for n in names
+    }
     auth = permissions.render_nats_conf(permissions.nats_authorization(["gpu-node-a"], creds))
     (tmp_path / "auth" / "auth.conf").write_text(auth)
-    result = subprocess.run([binary(), "-t", "-c", str(tmp_path / "nats.conf")],
-                            capture_output=True, text=True, timeout=20,
-                            env={**os.environ, "SERVER_NAME": "hcs-nats-0"})
+    result = subprocess.run(
+        [binary(), "-t", "-c", str(tmp_path / "nats.conf")],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "SERVER_NAME": "hcs-nats-0"},
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -197,8 +221,15 @@ def test_the_agent_gets_host_access_but_only_the_capabilities_it_needs() -> None
     assert context["privileged"] is False and agent["hostPID"] is True
     assert set(context["capabilities"]["add"]) >= {"BPF", "PERFMON", "SYS_ADMIN"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/dev", "/sys", "/sys/kernel/btf", "/sys/fs/bpf", "/sys/kernel/tracing",
-            "/sys/kernel/debug", "/dev/kmsg"} <= mounts
+    assert {
+        "/dev",
+        "/sys",
+        "/sys/kernel/btf",
+        "/sys/fs/bpf",
+        "/sys/kernel/tracing",
+        "/sys/kernel/debug",
+        "/dev/kmsg",
+    } <= mounts
     env = {e["name"]: e.get("valueFrom") for e in container["env"]}
     assert env["HCS_AGENT__NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     init = {c["name"]: c for c in agent["initContainers"]}

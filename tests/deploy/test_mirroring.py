@@ -15,23 +15,42 @@ from tests.apiserver import ApiServer
 
 def device(index: int, *, score: int = 100, error: str | None = None) -> DeviceFingerprint:
     return DeviceFingerprint(
-        index=index, uuid=f"GPU-{index}", vendor="nvidia", model="A100-80G",
-        vram_total_mib=81920, vram_free_mib=40960,
+        index=index,
+        uuid=f"GPU-{index}",
+        vendor="nvidia",
+        model="A100-80G",
+        vram_total_mib=81920,
+        vram_free_mib=40960,
         compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
-        health_score=score, error=error,
+        health_score=score,
+        error=error,
     )
 
 
 def fingerprint(node: str = "gpu-node-a", *, seq: int = 1, **kw: Any) -> NodeFingerprint:
     devices = kw.pop("devices", (device(0), device(1)))
-    return NodeFingerprint(node=node, agent_version="0.1.0", boot_id="b", seq=seq,
-                           time_s=1_700_000_000.0, devices=devices, **kw)
+    return NodeFingerprint(
+        node=node,
+        agent_version="0.1.0",
+        boot_id="b",
+        seq=seq,
+        time_s=1_700_000_000.0,
+        devices=devices,
+        **kw,
+    )
 
 
 def verdict(node: str, value: str, *, device_index: int | None = None) -> HealthEvent:
-    return HealthEvent(node=node, kind="verdict", severity="critical", source="healer",
-                       time_s=1_700_000_100.0, device=device_index, verdict=value,  # type: ignore[arg-type]
-                       message="xid 79")
+    return HealthEvent(
+        node=node,
+        kind="verdict",
+        severity="critical",
+        source="healer",
+        time_s=1_700_000_100.0,
+        device=device_index,
+        verdict=value,  # type: ignore[arg-type]
+        message="xid 79",
+    )
 
 
 def test_a_fingerprint_becomes_the_printer_columns_of_its_compute_node() -> None:
@@ -72,10 +91,12 @@ async def test_the_mirror_creates_and_updates_compute_nodes_from_the_bus(
     await mirror.start()
     try:
         await until(lambda: "gpu-node-a" in apiserver.computenodes)
-        await bus.publish(subjects.health("gpu-node-a"), verdict("gpu-node-a", "failed"),
-                          msg_id="m:v1")
-        await until(lambda: apiserver.computenodes["gpu-node-a"].get("status", {})
-                    .get("health") == "failed")
+        await bus.publish(
+            subjects.health("gpu-node-a"), verdict("gpu-node-a", "failed"), msg_id="m:v1"
+        )
+        await until(
+            lambda: apiserver.computenodes["gpu-node-a"].get("status", {}).get("health") == "failed"
+        )
     finally:
         await mirror.stop()
     status = apiserver.computenodes["gpu-node-a"]["status"]
@@ -89,10 +110,15 @@ async def test_the_mirror_writes_a_busy_node_at_most_once_per_interval_but_keeps
     await mirror.start()
     try:
         for seq in range(1, 21):
-            await bus.publish(subjects.fp("gpu-node-b"), fingerprint("gpu-node-b", seq=seq),
-                              msg_id=f"b:{seq}")
-        await until(lambda: apiserver.computenodes.get("gpu-node-b", {}).get("status", {})
-                    .get("observedSeq") == 20)
+            await bus.publish(
+                subjects.fp("gpu-node-b"), fingerprint("gpu-node-b", seq=seq), msg_id=f"b:{seq}"
+            )
+        await until(
+            lambda: (
+                apiserver.computenodes.get("gpu-node-b", {}).get("status", {}).get("observedSeq")
+                == 20
+            )
+        )
     finally:
         await mirror.stop()
     assert 1 <= mirror.writes <= 3

@@ -9,7 +9,7 @@ import contextlib
 import pytest
 
 from hcs_bus import checkpoint, permissions, streams, subjects
-from hcs_bus.bus import Bus, Consumer, Delivery, last_per_subject
+from hcs_bus.bus import Consumer, Delivery, last_per_subject
 from hcs_bus.errors import BusTimeout
 from hcs_bus.messages import (
     AllocationEvent,
@@ -32,7 +32,11 @@ def fingerprint(node: str, seq: int = 1) -> NodeFingerprint:
 
 def verdict(node: str) -> HealthEvent:
     return HealthEvent(
-        node=node, kind="verdict", severity="warning", source="healer", time_s=2.0,
+        node=node,
+        kind="verdict",
+        severity="warning",
+        source="healer",
+        time_s=2.0,
         verdict="degraded",
     )
 
@@ -87,12 +91,17 @@ async def test_the_scheduler_serves_plans_to_the_injector_in_its_queue_group(
         return Plan(ok=True, vendor="nvidia", model=request.namespace)
 
     sub = await scheduler.serve(
-        subjects.PLACE, PlanRequest, answer, queue=subjects.PLACE_QUEUE,
+        subjects.PLACE,
+        PlanRequest,
+        answer,
+        queue=subjects.PLACE_QUEUE,
         on_bad=lambda reason: Plan(ok=False, reason=reason),
     )
     await scheduler.nc.flush()
     plan = await injector.request(
-        subjects.PLACE, PlanRequest(namespace="ml", requests=Requests(vram_mib=1)), Plan,
+        subjects.PLACE,
+        PlanRequest(namespace="ml", requests=Requests(vram_mib=1)),
+        Plan,
         timeout_s=2.0,
     )
     await sub.unsubscribe()
@@ -118,8 +127,9 @@ async def test_the_scheduler_books_in_kv_replays_streams_and_publishes_allocatio
     fps, dead = await last_per_subject(
         scheduler, stream=streams.FP, subject=subjects.FP_ALL, kind=NodeFingerprint
     )
-    event = AllocationEvent(node=NODE, pod=PodRef(namespace="ml", name="p"), state="bound",
-                            time_s=1.0)
+    event = AllocationEvent(
+        node=NODE, pod=PodRef(namespace="ml", name="p"), state="bound", time_s=1.0
+    )
     assert await scheduler.publish(subjects.alloc(NODE), event, msg_id="alloc:1") > 0
     await scheduler.js.key_value(streams.KV_CKPT)
     assert NODE in {d.value.node for d in fps} and dead == 0
@@ -135,9 +145,15 @@ async def test_the_healer_consumes_durably_publishes_verdicts_and_asks_for_check
     async def handle(items: list[Delivery[HealthEvent]]) -> None:
         got.extend(items)
 
-    consumer = Consumer(healer, stream=streams.HEALTH, kind=HealthEvent, handle=handle,
-                        filter_subject=subjects.HEALTH_ALL, durable=permissions.HEALER_DURABLE,
-                        fetch_timeout_s=0.1)
+    consumer = Consumer(
+        healer,
+        stream=streams.HEALTH,
+        kind=HealthEvent,
+        handle=handle,
+        filter_subject=subjects.HEALTH_ALL,
+        durable=permissions.HEALER_DURABLE,
+        fetch_timeout_s=0.1,
+    )
     await consumer.start()
     task = asyncio.get_running_loop().create_task(consumer.run())
     try:

@@ -40,8 +40,11 @@ def kube_methods_called(files: list[Path]) -> set[str]:
     called: set[str] = set()
     for file in files:
         for node in ast.walk(ast.parse(file.read_text(), filename=str(file))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in API_CALLS):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in API_CALLS
+            ):
                 called.add(node.func.attr)
     return called
 
@@ -72,8 +75,10 @@ def granted_rules(objects: list[dict[str, Any]], account: str) -> set[Triple]:
     granted: set[Triple] = set()
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         for binding in by_kind(objects, kind).values():
-            if not any(s.get("kind") == "ServiceAccount" and s["name"] == account
-                       for s in binding.get("subjects", [])):
+            if not any(
+                s.get("kind") == "ServiceAccount" and s["name"] == account
+                for s in binding.get("subjects", [])
+            ):
                 continue
             ref = binding["roleRef"]
             granted |= _triples(roles[(ref["kind"], ref["name"])].get("rules", []))
