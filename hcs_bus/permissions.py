@@ -10,9 +10,10 @@ so a renamed subject renames its permission. What each part may do:
 * scheduler: serve ``hcs.place``/``hcs.release`` in queue group
   ``hcs-scheduler`` (answers through ``allow_responses``), publish
   ``hcs.alloc.*``, read/compare-and-set/watch KV ``hcs_alloc``, read KV
-  ``hcs_ckpt``, replay ``HCS_FP``/``HCS_HEALTH``/``HCS_ALLOC``, dead-letter
-  what it cannot decode, create/update the streams at start (``streams.init``).
-* injector: request ``hcs.place``, read KV ``hcs_ckpt``.
+  ``hcs_ckpt`` (resume-from at bind), replay ``HCS_FP``/``HCS_HEALTH``,
+  dead-letter what it cannot decode, create/update the streams at start
+  (``streams.init``).
+* injector: request ``hcs.place`` (nothing else).
 * healer: replay/consume ``HCS_FP``, ``HCS_ALLOC``, ``HCS_HEALTH`` (durable
   ``hcs-healer-health``), publish verdicts on ``hcs.health.*`` and
   ``hcs.ckpt.request.>``, read KV ``hcs_ckpt``, ``streams.init``.
@@ -154,13 +155,12 @@ def _scheduler() -> Permissions:
     publish = [
         subjects.ALLOC_ALL,
         *kv_reading(streams.KV_ALLOC),
-        *kv_writing(streams.KV_ALLOC),
+        *kv_writing(streams.KV_ALLOC, keys="*"),
         *kv_watching(streams.KV_ALLOC),
         *kv_reading(streams.KV_CKPT),
         *consuming(streams.FP),
         *consuming(streams.HEALTH),
-        *consuming(streams.ALLOC),
-        *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL, subjects.ALLOC_ALL),
+        *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL),
         *stream_admin(_all_streams()),
     ]
     subscribe = [
@@ -172,8 +172,7 @@ def _scheduler() -> Permissions:
 
 
 def _injector() -> Permissions:
-    publish = [subjects.PLACE, *kv_reading(streams.KV_CKPT)]
-    return Permissions(tuple(publish), (_inbox("injector"),))
+    return Permissions((subjects.PLACE,), (_inbox("injector"),))
 
 
 def _healer() -> Permissions:
