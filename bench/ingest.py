@@ -4,10 +4,15 @@ Fills a real nats-server with a synthetic fleet (10,000 nodes × 8 devices:
 fingerprints, plus health events at 1 per node per second for 10 s = 100k),
 then measures, each in its own subprocess (so peak RSS does not mix):
 
-* the ClusterView (scheduler/viewing.py on hcs_bus.bus.Consumer) replaying
-  both streams until every message is applied, and its time to ready;
-* a bare nats-py pull consumer that only decodes and acks the same messages
-  (same AckAll policy, same batch of 1,000).
+* the ClusterView (scheduler/viewing.py on hcs_bus.bus.Follower: ordered
+  push consumers, no acks) replaying both streams until every message is
+  applied, and its time to ready;
+* the same-policy baseline: a bare nats-py ordered push consumer that only
+  decodes the same messages (no acks, like the view);
+* a bare nats-py pull consumer that decodes and acks (AckAll, batch 1,000),
+  the pattern the durable service consumers use, for reference.
+
+The ratio is taken against the same-policy baseline.
 
 Targets: ratio ≥ 0.7, ≥ 20,000 events/s, RSS ≤ 300 MB, ready ≤ 5 s.
 """
@@ -138,6 +143,45 @@ async def role_bare(url: str, total: int) -> dict[str, Any]:
     return {"rate": total / took, "rss_mb": peak_rss_mb()}
 
 
+async def _follow_bare(bus: Bus, *, stream: str, subject: str, kind: type,
+                       deliver: DeliverPolicy, counts: list[int]) -> None:
+    decode = msgspec.json.Decoder(kind).decode
+    seen = [0]
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        decode(msg.data)
+        seen[0] += 1
+        if msg.reply.rsplit(".", 1)[-1] == "0":
+            done.set()
+
+    sub = await bus.js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True,
+                                 deliver_policy=deliver, pending_msgs_limit=1_000_000,
+                                 pending_bytes_limit=1 << 30)
+    await done.wait()
+    await sub.unsubscribe()
+    counts.append(seen[0])
+
+
+async def role_bare_ordered(url: str, total: int) -> dict[str, Any]:
+    bus = await connect(BusSettings(url=url, name="bench-bare-ordered"))
+    counts: list[int] = []
+    t0 = time.perf_counter()
+    await asyncio.gather(
+        _follow_bare(bus, stream=streams.FP, subject=subjects.FP_ALL, kind=NodeFingerprint,
+                     deliver=DeliverPolicy.LAST_PER_SUBJECT, counts=counts),
+        _follow_bare(bus, stream=streams.HEALTH, subject=subjects.HEALTH_ALL, kind=HealthEvent,
+                     deliver=DeliverPolicy.ALL, counts=counts),
+    )
+    took = time.perf_counter() - t0
+    await bus.nc.close()
+    assert sum(counts) == total, (counts, total)
+    return {"rate": total / took, "rss_mb": peak_rss_mb()}
+
+
+ROLES = {"view": role_view, "bare": role_bare, "bare-ordered": role_bare_ordered}
+
+
 def run_role(role: str, url: str, total: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "bench.ingest", "--role", role, "--url", url,
@@ -160,24 +204,27 @@ async def main(small: bool) -> None:
         fill_s = time.perf_counter() - t0
         await bus.nc.close()
         bare = run_role("bare", server.url, total)
+        ordered = run_role("bare-ordered", server.url, total)
         view = run_role("view", server.url, total)
     finally:
         server.cleanup()
-    report(nodes=nodes, total=total, fill_s=fill_s, bare=bare, view=view)
+    report(nodes=nodes, total=total, fill_s=fill_s, bare=bare, ordered=ordered, view=view)
 
 
 def report(**r: Any) -> None:
-    bare, view = r["bare"], r["view"]
-    ratio = view["rate"] / bare["rate"]
+    bare, ordered, view = r["bare"], r["ordered"], r["view"]
+    ratio = view["rate"] / ordered["rate"]
     print(f"\nHCS ingest bench: {r['nodes']} nodes × 8 devices, {r['total']} messages "
           f"(filled in {r['fill_s']:.1f}s)")
     print(f"{'consumer':<36}{'events/s':>10}{'peak RSS MB':>13}{'ready s':>9}")
-    print(f"{'bare nats-py decode+ack (AckAll)':<36}{bare['rate']:>10.0f}{bare['rss_mb']:>13.0f}"
-          f"{'':>9}")
+    print(f"{'bare ordered push, decode (no ack)':<36}{ordered['rate']:>10.0f}"
+          f"{ordered['rss_mb']:>13.0f}{'':>9}")
+    print(f"{'bare pull, decode+AckAll (reference)':<36}{bare['rate']:>10.0f}"
+          f"{bare['rss_mb']:>13.0f}{'':>9}")
     print(f"{'ClusterView (scheduler)':<36}{view['rate']:>10.0f}{view['rss_mb']:>13.0f}"
           f"{view['ready_s']:>9.2f}")
     checks = [
-        ("ratio ≥ 0.7", ratio >= 0.7, f"{ratio:.2f}"),
+        ("ratio ≥ 0.7 (same policy)", ratio >= 0.7, f"{ratio:.2f}"),
         ("≥ 20,000 events/s", view["rate"] >= 20_000, f"{view['rate']:.0f}"),
         ("RSS ≤ 300 MB", view["rss_mb"] <= 300, f"{view['rss_mb']:.0f}"),
         ("ready ≤ 5 s", view["ready_s"] <= 5, f"{view['ready_s']:.2f}"),
@@ -189,12 +236,11 @@ def report(**r: Any) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="a quick run at tiny size")
-    parser.add_argument("--role", choices=["view", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--total", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
-        role = role_view if args.role == "view" else role_bare
-        print(json.dumps(asyncio.run(role(args.url, args.total))))
+        print(json.dumps(asyncio.run(ROLES[args.role](args.url, args.total))))
     else:
         asyncio.run(main(args.small))

@@ -439,3 +439,77 @@ async def last_per_subject(
             await task
     dead[0] = consumer.dead
     return out, dead[0]
+
+
+class Follower(Generic[T]):
+    """Replays, then follows, a stream with an ordered push consumer.
+
+    For derived state that every replica rebuilds for itself (the scheduler's
+    cluster view, ``hcs top``): no acks, flow-controlled, recreated by the
+    client on a sequence gap, and several times faster than pull fetches
+    (DESIGN §7: ~100k messages replayed in about a second). ``handle`` is a
+    plain function called once per decoded message, in stream order.
+    Undecodable messages are copied to ``hcs.dlq.<subject>`` and counted.
+    ``caught_up`` is set once everything the stream held at start has been
+    handled.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        stream: str,
+        subject: str,
+        kind: type[T],
+        handle: Callable[[Delivery[T]], None],
+        deliver: DeliverPolicy = DeliverPolicy.ALL,
+        opt_start_time: datetime.datetime | None = None,
+    ) -> None:
+        self.bus = bus
+        self.stream = stream
+        self.subject = subject
+        self.kind = kind
+        self.handle = handle
+        self.deliver = deliver
+        self.opt_start_time = opt_start_time
+        self.caught_up = asyncio.Event()
+        self.delivered = 0
+        self.dead = 0
+        self._decode = messages.decoder_for(kind).decode
+        self._sub: JetStreamContext.PushSubscription | None = None
+
+    async def start(self) -> None:
+        config = ConsumerConfig(deliver_policy=self.deliver, opt_start_time=self.opt_start_time)
+        self._sub = await self.bus.js.subscribe(
+            self.subject,
+            stream=self.stream,
+            cb=self._on_msg,
+            config=config,
+            ordered_consumer=True,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1 << 30,
+        )
+        info = await self._sub.consumer_info()
+        delivered = info.delivered.consumer_seq if info.delivered else 0
+        if info.num_pending == 0 and self.delivered >= (delivered or 0):
+            self.caught_up.set()
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self.delivered += 1
+        try:
+            value = self._decode(msg.data)
+        except msgspec.MsgspecError as exc:
+            self.dead += 1
+            await self.bus.dead_letter(msg, reason=f"undecodable {self.kind.__name__}: {exc}")
+            value = None
+        seq, pending = _ack_fields(msg)
+        if value is not None:
+            self.handle(Delivery(msg.subject, value, seq, pending, msg.headers))
+        if pending == 0:
+            self.caught_up.set()

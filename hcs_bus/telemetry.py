@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
@@ -82,3 +84,14 @@ def extract_context(headers: dict[str, str] | None) -> Any:
 def metrics_text() -> bytes:
     """Prometheus exposition of every metric of this process."""
     return generate_latest(REGISTRY)
+
+
+def observe_counter(
+    name: str, read: Callable[[], float], *, description: str, meter_name: str = "hcs"
+) -> None:
+    """A monotonic counter read when metrics are scraped (no cost per event)."""
+
+    def callback(_options: CallbackOptions) -> list[Observation]:
+        return [Observation(read())]
+
+    meter(meter_name).create_observable_counter(name, callbacks=[callback], description=description)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,15 +22,14 @@ from nats.js.api import DeliverPolicy
 from nats.js.kv import KeyValue
 
 from hcs_bus import messages, streams, subjects, tasks
-from hcs_bus.bus import Bus, Consumer, Delivery
+from hcs_bus.bus import Bus, Delivery, Follower
 from hcs_bus.messages import HealthEvent, NodeFingerprint, NodeReservations
 from hcs_bus.settings import SchedulerSettings
-from hcs_bus.telemetry import logger, meter
+from hcs_bus.telemetry import logger, observe_counter
 from scheduler.state import ClusterState
 
 _log = logger("hcs.scheduler.view")
-_meter = meter("hcs.scheduler")
-APPLIED = _meter.create_counter("hcs_view_applied", description="bus messages applied to the view")
+_views: "weakref.WeakSet[ClusterView]" = weakref.WeakSet()
 
 
 class ClusterView:
@@ -54,74 +54,63 @@ class ClusterView:
         self.listeners: list[Callable[[str], None]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._kv_ready = asyncio.Event()
-        self._fp: Consumer[NodeFingerprint] | None = None
-        self._health: Consumer[HealthEvent] | None = None
+        self._fp: Follower[NodeFingerprint] | None = None
+        self._health: Follower[HealthEvent] | None = None
+        _views.add(self)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._fp = Consumer(
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=self.health_replay_s)
+        self._fp = Follower(
             self.bus,
             stream=streams.FP,
+            subject=subjects.FP_ALL,
             kind=NodeFingerprint,
-            handle=self._on_fingerprints,
-            filter_subject=subjects.FP_ALL,
+            handle=self._on_fingerprint,
             deliver=DeliverPolicy.LAST_PER_SUBJECT,
-            batch=self.batch,
-            ack_all=True,
         )
-        self._health = Consumer(
+        # Verdicts older than the replay window have been superseded by the
+        # healer's later ones (it republishes on every change).
+        self._health = Follower(
             self.bus,
             stream=streams.HEALTH,
+            subject=subjects.HEALTH_ALL,
             kind=HealthEvent,
             handle=self._on_health,
-            filter_subject=subjects.HEALTH_ALL,
             deliver=DeliverPolicy.BY_START_TIME,
-            batch=self.batch,
-            ack_all=True,
+            opt_start_time=since,
         )
         await self._fp.start()
-        await self._health_start(self._health)
+        await self._health.start()
         kv = await self.bus.js.key_value(streams.KV_ALLOC)
         self._tasks = [
-            tasks.start(self._fp.run(), name="view:fp"),
-            tasks.start(self._health.run(), name="view:health"),
             tasks.start(self._watch_reservations(kv), name="view:alloc"),
             tasks.start(self._watch_staleness(), name="view:stale"),
             tasks.start(self._wait_caught_up(loop.time()), name="view:ready"),
         ]
 
-    async def _health_start(self, consumer: Consumer[HealthEvent]) -> None:
-        # Verdicts older than the replay window have been superseded by the
-        # healer's later ones (it republishes on every change).
-        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=self.health_replay_s)
-        consumer.opt_start_time = since
-        await consumer.start()
-
     async def stop(self) -> None:
         await tasks.stop(*self._tasks)
         self._tasks = []
+        for follower in (self._fp, self._health):
+            if follower is not None:
+                await follower.stop()
 
     async def wait_ready(self, *, timeout_s: float) -> None:
         async with asyncio.timeout(timeout_s):
             await self.ready.wait()
 
     # -- handlers ---------------------------------------------------------
-    async def _on_fingerprints(self, items: list[Delivery[NodeFingerprint]]) -> None:
+    def _on_fingerprint(self, item: Delivery[NodeFingerprint]) -> None:
         now = asyncio.get_running_loop().time()
-        apply = self.state.apply_fingerprint
-        for item in items:
-            if apply(item.value, now=now):
-                self._changed(item.value.node)
-        self.applied += len(items)
-        APPLIED.add(len(items), {"stream": streams.FP})
+        if self.state.apply_fingerprint(item.value, now=now):
+            self._changed(item.value.node)
+        self.applied += 1
 
-    async def _on_health(self, items: list[Delivery[HealthEvent]]) -> None:
-        apply = self.state.apply_health
-        for item in items:
-            if apply(item.value):
-                self._changed(item.value.node)
-        self.applied += len(items)
-        APPLIED.add(len(items), {"stream": streams.HEALTH})
+    def _on_health(self, item: Delivery[HealthEvent]) -> None:
+        if self.state.apply_health(item.value):
+            self._changed(item.value.node)
+        self.applied += 1
 
     async def _watch_reservations(self, kv: KeyValue) -> None:
         watcher = await kv.watchall()
@@ -171,5 +160,18 @@ class ClusterView:
         _log.info("view_ready", nodes=len(self.state.nodes), replay_s=round(took, 3))
 
     def _changed(self, node: str) -> None:
-        for listener in self.listeners:
-            listener(node)
+        if self.listeners:
+            for listener in self.listeners:
+                listener(node)
+
+
+def _applied_total() -> float:
+    return float(sum(view.applied for view in _views))
+
+
+observe_counter(
+    "hcs_view_applied",
+    _applied_total,
+    description="bus messages applied to the view",
+    meter_name="hcs.scheduler",
+)

@@ -13,7 +13,7 @@ import pytest
     [
         ("bench.extender", ["bare aiohttp decode+encode", "filter (names)", "prioritize (names)",
                             "plans over hcs.place", "binds, 2 replicas contending", "peak RSS"]),
-        ("bench.ingest", ["bare nats-py decode+ack", "ClusterView (scheduler)", "ratio ≥ 0.7",
+        ("bench.ingest", ["bare ordered push, decode", "bare pull, decode+AckAll", "ClusterView (scheduler)", "ratio ≥ 0.7",
                           "ready ≤ 5 s"]),
     ],
 )
