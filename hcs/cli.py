@@ -269,7 +269,7 @@ def _profile(db: Any, key: str, *, what: str) -> Any:
 
 async def _place(bus: Bus, args: argparse.Namespace) -> int:
     from hcs_bus.units import QuantityError, quantity_mib
-    from scheduler.planning import render_plan
+    from scheduler.explaining import render_plan
     from scheduler.serving import ask_plan
 
     try:
