@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections import deque
 from collections.abc import Sequence
@@ -99,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load(path=args.config)
         if args.nats_url:
             settings = replace(settings, bus={"url": args.nats_url})
+        if args.command != "up" and "HCS_TELEMETRY__LOG_LEVEL" not in os.environ:
+            # A command's output is its answer; logs only when something is wrong.
+            settings = replace(settings, telemetry={"log_level": "warning"})
         configure(settings.telemetry, service=f"hcs-{args.command}")
         return asyncio.run(_dispatch(args, settings))
     except ConfigError as exc:

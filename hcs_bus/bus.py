@@ -64,7 +64,10 @@ async def connect(settings: BusSettings, *, name: str | None = None) -> Bus:
         _log.warning("nats_error", connection=conn_name, error=repr(exc))
 
     async def on_disconnected() -> None:
-        _log.warning("nats_disconnected", connection=conn_name)
+        if nc.is_closed or nc.is_draining:
+            _log.info("nats_disconnected", connection=conn_name, closing=True)
+        else:
+            _log.warning("nats_disconnected", connection=conn_name)
 
     async def on_reconnected() -> None:
         _log.info("nats_reconnected", connection=conn_name, url=_url(nc))
