@@ -180,7 +180,7 @@ async def _readline(
         left = deadline - time.monotonic()
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout=left)
         if not line:
-            raise RuntimeError(f"{proc.args[-1]!r} ended without a {prefix!r} line")
+            raise RuntimeError(f"a bench process ended without a {prefix!r} line")
         if line.startswith(prefix):
             return line
 
@@ -289,7 +289,7 @@ async def _drive(args: argparse.Namespace) -> None:
     try:
         bus = await connect(BusSettings(url=server.url, name="bench-driver"))
         await streams.init(bus, BusSettings(url=server.url))
-        common = {"bus": bus, "nats_url": server.url, "args": args}
+        common: dict[str, Any] = {"bus": bus, "nats_url": server.url, "args": args}
         results = [
             await _scenario("baseline: idle fleet, fatal", load=False, faults=args.faults,
                             noise=False, **common),

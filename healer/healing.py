@@ -7,6 +7,11 @@ every device (``healer.rules``), publishes each changed verdict on
 ``hcs.health.<node>`` (source "healer", ignored when it comes back), and
 applies node plans (``healer.decisions``) through the circuit breaker and the
 ``Actor``. A degraded node's jobs are asked to checkpoint before eviction.
+
+Fatal events are judged the moment they arrive. A node's fingerprint
+telemetry is judged at most every ``telemetry_every_s`` (degradation is a
+matter of a 60 s window; 1 Hz fingerprints from 5,000 nodes would otherwise
+starve the fatal path), but a device missing or in error is judged at once.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ UNKNOWN = _meter.create_counter("hcs_healer_unknown_kinds", description="unknown
 
 NODE = -1  # history index for events about the whole node (no device index)
 _EMPTY = Telemetry()
+_YIELD_EVERY = 25  # fingerprints judged between two turns of the event loop
 
 
 class Healer:
@@ -54,6 +60,7 @@ class Healer:
         durable: str = "hcs-healer",
         rule_set: rules.Rules | None = None,
         actor: Actor | None = None,
+        telemetry_every_s: float = 2.0,
     ) -> None:
         self.bus = bus
         self.settings = settings
@@ -74,6 +81,8 @@ class Healer:
         self.nodes: dict[str, decisions.NodeState] = {}
         self.last_seen: dict[str, float] = {}
         self.unknown = 0
+        self.telemetry_every_s = telemetry_every_s
+        self._judged_at: dict[str, float] = {}
         self.ready = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[Any]] = []
@@ -103,7 +112,7 @@ class Healer:
             return
         consumers: list[tuple[str, Consumer[Any]]] = [
             ("fp", Consumer(self.bus, stream=FP, kind=NodeFingerprint, handle=self._on_fps,
-                            filter_subject=subjects.FP_ALL, batch=1000, ack_all=True)),
+                            filter_subject=subjects.FP_ALL, batch=250, ack_all=True)),
             ("alloc", Consumer(self.bus, stream=ALLOC, kind=AllocationEvent,
                                handle=self._on_allocs, filter_subject=subjects.ALLOC_ALL,
                                batch=1000, ack_all=True)),
@@ -161,7 +170,9 @@ class Healer:
         self.fleet.update(item.value for item in items)
         dirty: set[str] = set()
         publishing: list[Any] = []
-        for item in items:
+        for count, item in enumerate(items, start=1):
+            if count % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # let a fatal event in between: it must not queue here
             fp = item.value
             self.last_seen[fp.node] = now
             for history, judgement in self._judge_fp(fp, now=now):
@@ -178,8 +189,15 @@ class Healer:
     ) -> list[tuple[DeviceHistory, Judgement]]:
         out = []
         seen = set()
+        last = self._judged_at.get(fp.node)
+        full = last is None or now - last >= self.telemetry_every_s
+        if full:
+            self._judged_at[fp.node] = now
+        known = self.histories.get(fp.node, {})
         for d in fp.devices:
             seen.add(d.index)
+            if not full and d.error is None and d.index in known and not known[d.index].lost:
+                continue  # telemetry is judged every telemetry_every_s; loss at once
             tflops, clock = self.fleet.medians(d.model, now=now)
             sample = FingerprintSample(fp.node, d.index, d.model, d.telemetry, True, d.error,
                                        tflops, clock)

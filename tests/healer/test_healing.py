@@ -55,7 +55,7 @@ async def make(bus: Bus) -> AsyncIterator[Make]:
         actor = Actor(bus=bus, kube=kube, dry_run=dry_run, retry_initial_s=0.05,
                       retry_max_s=0.2)
         healer = Healer(bus, kube, settings, identity=identity, rule_set=rule_set, actor=actor,
-                        durable=durable or f"t-{uuid.uuid4().hex[:8]}")
+                        durable=durable or f"t-{uuid.uuid4().hex[:8]}", telemetry_every_s=0.05)
         await healer.start()
         made.append(healer)
         return healer
