@@ -85,7 +85,7 @@ def test_deploy_manifests_validate_against_the_kubernetes_schema() -> None:
 
     folder = pathlib.Path(__file__).parents[2] / "deploy" / "webhook"
     kinds = []
-    for path in sorted(folder.glob("*.yaml")):
+    for path in sorted(p for p in folder.glob("*.yaml") if p.name != "kustomization.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
             kubernetes_validate.validate(doc, "1.30", strict=True)
             kinds.append(doc["kind"])
