@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 import sys
 
 from agents import fleet as fleet_file
 from agents.running import run_fleet, run_node
-from hcs_bus import streams
+from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.errors import ConfigError
 from hcs_bus.settings import Settings, load, replace
@@ -36,17 +34,9 @@ async def _main(args: argparse.Namespace, settings: Settings) -> None:
     bus = await connect(settings.bus, name=f"hcs-agent-{args.node or 'fleet'}")
     if args.init_bus:
         await streams.init(bus, settings.bus)
-    main = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGTERM, lambda: main.cancel() if main else None)
+    playing = run_fleet(bus, fleet, settings=settings) if fleet else run_node(bus, settings=settings)
     try:
-        if fleet is not None:
-            await run_fleet(bus, fleet, settings=settings)
-        else:
-            await run_node(bus, settings=settings)
-    except asyncio.CancelledError:
-        pass
+        await tasks.run_until_stopped(playing, name="agent")
     finally:
         await bus.drain()
 

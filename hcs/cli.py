@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from hcs_bus import messages, streams, subjects
+from hcs_bus import messages, streams, subjects, tasks
 from hcs_bus.bus import Bus, connect
 from hcs_bus.errors import ConfigError, HcsError
 from hcs_bus.messages import HealthEvent
@@ -320,13 +320,7 @@ async def _watch(bus: Bus, subject: str, *, count: int | None) -> int:
             done.set()
 
     sub = await bus.nc.subscribe(subject, cb=on_msg)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    import signal
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = tasks.stop_event()
     waits = [asyncio.create_task(done.wait()), asyncio.create_task(stop.wait())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for task in waits:

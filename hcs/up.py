@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hcs_bus import streams
+from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.errors import ConfigError
 from hcs_bus.natsserver import NatsServer
@@ -109,8 +109,7 @@ async def _run_stack(settings: Settings, options: UpOptions, *, state_dir: Path)
     certs_dir = _dev_certs(state_dir / "certs", host=settings.injector.host)
     env = part_env(settings, certs_dir=certs_dir)
     running = parts(options)
-    stop = asyncio.Event()
-    _on_signals(stop)
+    stop = tasks.stop_event()
     try:
         for part in running:
             part.process = await asyncio.create_subprocess_exec(
@@ -164,12 +163,6 @@ def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path) ->
         flush=True,
     )
 
-
-def _on_signals(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
 
 
 async def _watch_parts(running: list[Part], stop: asyncio.Event) -> None:

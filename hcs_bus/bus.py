@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import signal
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -232,15 +231,18 @@ class Bus:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
 
-    def drain_on_sigterm(self) -> None:
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(self.drain()))
 
 
 def _url(nc: Client) -> str:
     url = nc.connected_url
     return url.geturl() if url is not None else ""
+
+
+def _raise_if_cancelling() -> None:
+    """nats-py's fetch can swallow a cancellation; honour one still pending."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _family(subject: str) -> str:
@@ -351,6 +353,7 @@ class Consumer(Generic[T]):
             if self._sub is None:
                 await self.start()
                 continue
+            _raise_if_cancelling()
             try:
                 batch = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)
             except (NatsTimeout, TimeoutError):  # nats-py's fetch also raises the builtin

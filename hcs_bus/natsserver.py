@@ -53,7 +53,16 @@ class NatsServer:
         if self.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="hcs-nats-")
             self.store_dir = Path(self._tmp.name)
-        args = [binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        args = [
+            binary(),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+        ]
         if self.config_file:
             args += ["-c", str(self.config_file)]
         self.process = subprocess.Popen(

@@ -122,7 +122,7 @@ async def init(bus: Bus, settings: BusSettings) -> InitResult:
         try:
             await bus.js.key_value(kv.bucket)
             updated.append(f"KV_{kv.bucket}")
-        except (NotFoundError, Exception):
+        except NotFoundError:
             await bus.js.create_key_value(kv)
             created.append(f"KV_{kv.bucket}")
     _log.info("bus_initialised", created=created, updated=updated)

@@ -8,7 +8,7 @@ import asyncio
 from hcs_bus import bus as hcs_bus_bus
 from hcs_bus import kube as hcs_kube
 from hcs_bus import settings as hcs_settings
-from hcs_bus import streams
+from hcs_bus import streams, tasks
 from hcs_bus.telemetry import configure
 from healer.running import run
 
@@ -28,10 +28,9 @@ async def _main(args: argparse.Namespace) -> None:
     configure(settings.telemetry, service="hcs-healer")
     bus = await hcs_bus_bus.connect(settings.bus, name="hcs-healer")
     await streams.init(bus, settings.bus)
-    bus.drain_on_sigterm()
     kube = await hcs_kube.connect(settings.kube)
     try:
-        await run(bus, kube, settings)
+        await tasks.run_until_stopped(run(bus, kube, settings), name="healer")
     finally:
         if kube is not None:
             await kube.close()

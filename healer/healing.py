@@ -134,7 +134,7 @@ class Healer:
     async def _stop_consuming(self) -> None:
         running, self._tasks = self._tasks, []
         self.ready.clear()
-        await asyncio.gather(*(_halt(task) for task in running))
+        await tasks.stop(*running)
 
     # -- inputs ----------------------------------------------------------------
 
@@ -329,13 +329,6 @@ class Healer:
                      device=event.device, count=self.unknown)
 
 
-async def _halt(task: asyncio.Task[Any]) -> None:
-    """Cancel until it ends: a pull fetch in nats-py can swallow one cancellation."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.2)
-    if not task.cancelled() and task.exception() is not None:
-        _log.warning("consumer_ended", task=task.get_name(), error=repr(task.exception()))
 
 
 def _device_verdict(verdict: str) -> Any:

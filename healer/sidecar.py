@@ -135,12 +135,10 @@ async def _main(args: argparse.Namespace) -> None:
     configure(config.telemetry, service="hcs-ckpt-sidecar")
     bus = await hcs_bus_bus.connect(config.bus, name=f"hcs-sidecar-{args.namespace}-{args.job}")
     await streams.init(bus, config.bus)
-    bus.drain_on_sigterm()
     sidecar = Sidecar(bus, root=args.dir, namespace=args.namespace, job=args.job, pid=args.pid,
                       interval_s=args.interval_s)
-    task = tasks.start(sidecar.run(), name="sidecar")
     try:
-        await task
+        await tasks.run_until_stopped(sidecar.run(), name="sidecar")
     finally:
         await bus.drain()
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 from pathlib import Path
 
 from hcs_bus import bus as bus_module
 from hcs_bus import settings as settings_module
+from hcs_bus import tasks
 from hcs_bus.telemetry import configure, logger
 from injector.certs import make_dev_certs
 from injector.serving import Injector
@@ -35,12 +34,7 @@ async def run(args: argparse.Namespace) -> None:
     bus = await bus_module.connect(settings.bus, name="hcs-injector")
     injector = Injector(bus, settings)
     await injector.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await tasks.stop_event().wait()
     _log.info("injector_stopping")
     await injector.stop()
     await bus.drain()

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 
 from hcs_bus import settings as settings_mod
-from hcs_bus import streams
+from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.telemetry import configure
 from scheduler.running import run
@@ -22,12 +20,7 @@ async def main() -> None:
 
     kube = await kube_mod.connect(settings.kube)
     scheduler = await run(bus, kube, settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await tasks.stop_event().wait()
     await scheduler.stop()
     if kube is not None:
         await kube.close()

@@ -13,9 +13,7 @@ status, so ``kubectl get computenodes`` shows the fleet.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
-import signal
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -212,12 +210,7 @@ async def _main() -> None:
     bus = await connect(settings.bus, name="hcs-mirror")
     mirror = Mirror(bus, kube)
     await mirror.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await tasks.stop_event().wait()
     await mirror.stop()
     await kube.close()
     await bus.drain()

@@ -29,7 +29,7 @@ from hcs_bus.telemetry import logger, observe_counter
 from scheduler.state import ClusterState
 
 _log = logger("hcs.scheduler.view")
-_views: "weakref.WeakSet[ClusterView]" = weakref.WeakSet()
+_views: weakref.WeakSet[ClusterView] = weakref.WeakSet()
 
 
 class ClusterView:

@@ -5,10 +5,12 @@ guard that fails a test which leaks tasks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from nats.js.errors import NotFoundError
 
 from hcs_bus import streams
 from hcs_bus.bus import Bus, connect
@@ -43,14 +45,16 @@ def bus_settings(nats_url: str) -> BusSettings:
 
 @pytest.fixture
 async def bus(bus_settings: BusSettings) -> AsyncIterator[Bus]:
-    """A connection on fresh streams: every HCS stream and bucket is purged."""
+    """A connection on fresh streams: every HCS stream and bucket is deleted and
+    created again (a purge would keep the duplicate window, so a test reusing a
+    message id would silently lose it)."""
     b = await connect(bus_settings)
+    names = [c.name for c in streams.stream_configs(bus_settings)]
+    names += [f"KV_{kv.bucket}" for kv in streams.kv_configs(bus_settings)]
+    for name in names:
+        with contextlib.suppress(NotFoundError):
+            await b.js.delete_stream(name)
     await streams.init(b, bus_settings)
-    for config in streams.stream_configs(bus_settings):
-        assert config.name
-        await b.js.purge_stream(config.name)
-    for kv in streams.kv_configs(bus_settings):
-        await b.js.purge_stream(f"KV_{kv.bucket}")
     yield b
     await b.nc.close()
 
