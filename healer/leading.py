@@ -138,5 +138,5 @@ class Leader:
             return
         was, self.is_leader = self.is_leader, leader
         _log.info("leadership", leader=leader, identity=self.identity)
-        if self.on_change is not None and leader != was:
+        if self.on_change is not None and (leader != was or first):
             self.on_change(leader)

@@ -180,6 +180,21 @@ async def test_dry_run_publishes_the_actions_and_calls_no_api(
     await sub.unsubscribe()
 
 
+async def test_without_a_cluster_the_single_healer_leads_and_publishes_verdicts(
+    bus: Bus, make: Make
+) -> None:
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(None, dry_run=True)
+    await ready(healer)
+    events, sub = await collect(bus, subjects.health("n1"))
+    await publish(bus, health("n1", kind="device_lost", device=0, severity="fatal"),
+                  subjects.health("n1"))
+    await wait_until(lambda: any(e["kind"] == "verdict" and e["device"] == 0 for e in events))
+    verdict = next(e for e in events if e["kind"] == "verdict" and e["device"] == 0)
+    assert verdict["verdict"] == "failed" and verdict["source"] == "healer"
+    await sub.unsubscribe()
+
+
 async def test_two_healers_with_one_lease_only_one_acts(
     bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
 ) -> None:
