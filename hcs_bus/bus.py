@@ -87,6 +87,7 @@ async def connect(settings: BusSettings, *, name: str | None = None) -> Bus:
         "reconnected_cb": on_reconnected,
         "closed_cb": on_closed,
         "allow_reconnect": True,
+        "drain_timeout": settings.drain_timeout_s,
     }
     if settings.inbox_prefix:
         options["inbox_prefix"] = settings.inbox_prefix
@@ -171,14 +172,26 @@ class Bus:
     async def request(
         self, subject: str, message: msgspec.Struct, reply: type[R], *, timeout_s: float
     ) -> R:
-        """Core request-reply; raises BusTimeout (no answer) or BadMessage."""
+        """Core request-reply within ``timeout_s``; raises BusTimeout or BadMessage.
+
+        "No responders" (say, during a rollout of the serving replicas) is
+        retried until the budget is spent, never answered at once.
+        """
         headers = inject_headers({})
-        try:
-            msg = await self.nc.request(
-                subject, messages.encode(message), timeout=timeout_s, headers=headers
-            )
-        except (TimeoutError, NatsTimeout, NoRespondersError) as exc:
-            raise BusTimeout(f"no answer on {subject} within {timeout_s}s") from exc
+        data = messages.encode(message)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            left = deadline - loop.time()
+            try:
+                if left <= 0:
+                    raise NatsTimeout
+                msg = await self.nc.request(subject, data, timeout=left, headers=headers)
+                break
+            except NoRespondersError:
+                await asyncio.sleep(min(0.02, max(deadline - loop.time(), 0)))
+            except (TimeoutError, NatsTimeout) as exc:
+                raise BusTimeout(f"no answer on {subject} within {timeout_s}s") from exc
         try:
             return messages.decode(msg.data, reply)
         except msgspec.MsgspecError as exc:
@@ -230,7 +243,6 @@ class Bus:
         if not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
-
 
 
 def _url(nc: Client) -> str:
@@ -346,7 +358,17 @@ class Consumer(Generic[T]):
             self.caught_up.set()
 
     async def run(self) -> None:
-        """Fetch → decode → handle → ack, forever. A stalled fetch is retried."""
+        """Fetch → decode → handle → ack until cancelled. A stalled fetch is retried;
+        on the way out the subscription is removed, so a drain does not wait on it."""
+        try:
+            await self._loop()
+        finally:
+            sub, self._sub = self._sub, None
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _loop(self) -> None:
         if self._sub is None:
             await self.start()
         while True:

@@ -36,6 +36,7 @@ class BusSettings(_Group, frozen=True, forbid_unknown_fields=True):
     inbox_prefix: str | None = None
     replicas: int = 1
     connect_timeout_s: float = 2.0
+    drain_timeout_s: float = 5.0
     ping_interval_s: float = 20.0
     reconnect_wait_s: float = 2.0
     reconnect_jitter_s: float = 1.0

@@ -98,3 +98,48 @@ async def test_request_reply_answers_from_a_queue_group(bus: Bus) -> None:
         assert reply["ok"] is False and "bad request" in reply["reason"]
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_request_waits_within_its_budget_for_a_responder_to_appear(bus: Bus) -> None:
+    async def answer(req: messages.PlanRequest) -> messages.Plan:
+        return messages.Plan(ok=True, reason="late")
+
+    async def serve_later() -> object:
+        await asyncio.sleep(0.3)
+        return await bus.serve(
+            "t.late",
+            messages.PlanRequest,
+            answer,
+            queue="q",
+            on_bad=lambda why: messages.Plan(ok=False, reason=why),
+        )
+
+    server = asyncio.create_task(serve_later())
+    plan = await bus.request(
+        "t.late",
+        messages.PlanRequest(namespace="ml", requests=messages.Requests(vram_mib=1)),
+        messages.Plan,
+        timeout_s=2.0,
+    )
+    sub = await server
+    await sub.unsubscribe()  # type: ignore[attr-defined]
+    assert plan.ok and plan.reason == "late"
+
+
+async def test_a_request_nobody_answers_times_out_within_its_budget(bus: Bus) -> None:
+    from hcs_bus.errors import BusTimeout
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        await bus.request(
+            "t.nobody",
+            messages.PlanRequest(namespace="ml", requests=messages.Requests()),
+            messages.Plan,
+            timeout_s=0.3,
+        )
+    except BusTimeout as exc:
+        assert "t.nobody" in str(exc)
+    else:
+        raise AssertionError("a request nobody answers must time out")
+    assert 0.25 <= loop.time() - started < 1.0
