@@ -40,8 +40,8 @@ COPY scheduler/ scheduler/
 COPY injector/ injector/
 COPY healer/ healer/
 COPY hcs/ hcs/
-# nkeys: NATS nkey authentication in nats-py (deploy/: one nkey user per part and per node)
-RUN pip install . nkeys
+# nats-py[nkeys] (a project dependency) brings nkey authentication: deploy/ has one nkey user per part and per node
+RUN pip install .
 
 FROM ${PYTHON_IMAGE} AS python-base
 ENV PATH=/opt/venv/bin:$PATH \

@@ -34,7 +34,9 @@ async def _main(args: argparse.Namespace, settings: Settings) -> None:
     bus = await connect(settings.bus, name=f"hcs-agent-{args.node or 'fleet'}")
     if args.init_bus:
         await streams.init(bus, settings.bus)
-    playing = run_fleet(bus, fleet, settings=settings) if fleet else run_node(bus, settings=settings)
+    playing = (
+        run_fleet(bus, fleet, settings=settings) if fleet else run_node(bus, settings=settings)
+    )
     try:
         await tasks.run_until_stopped(playing, name="agent")
     finally:

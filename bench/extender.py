@@ -41,29 +41,53 @@ from hcs_bus.telemetry import TelemetrySettings, configure
 from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.running import Scheduler, run
 
-SLICE = {"vendor": "nvidia", "model": "A100-80G", "devices": 1,
-         "vram_mib_per_device": 8192, "whole_device": False, "acu_per_device": 10.0}
+SLICE = {
+    "vendor": "nvidia",
+    "model": "A100-80G",
+    "devices": 1,
+    "vram_mib_per_device": 8192,
+    "whole_device": False,
+    "acu_per_device": 10.0,
+}
 
 
 def fleet(nodes: int) -> list[NodeFingerprint]:
     out = []
     for n in range(nodes):
         devices = tuple(
-            DeviceFingerprint(index=i, uuid=f"GPU-{n}-{i}", vendor="nvidia", model="A100-80G",
-                              vram_total_mib=81920, vram_free_mib=81920,
-                              compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0))
+            DeviceFingerprint(
+                index=i,
+                uuid=f"GPU-{n}-{i}",
+                vendor="nvidia",
+                model="A100-80G",
+                vram_total_mib=81920,
+                vram_free_mib=81920,
+                compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
+            )
             for i in range(8)
         )
-        out.append(NodeFingerprint(node=f"node-{n}", agent_version="bench", boot_id="b",
-                                   seq=1, time_s=1.0, devices=devices,
-                                   labels={"hcs.io/rdma-fabric": f"f{n % 16}"}))
+        out.append(
+            NodeFingerprint(
+                node=f"node-{n}",
+                agent_version="bench",
+                boot_id="b",
+                seq=1,
+                time_s=1.0,
+                devices=devices,
+                labels={"hcs.io/rdma-fabric": f"f{n % 16}"},
+            )
+        )
     return out
 
 
 def filter_body(names: list[str]) -> bytes:
     pod = {
-        "metadata": {"name": "bench", "namespace": "ml", "uid": "uid-bench",
-                     "annotations": {"hcs.io/plan": json.dumps(SLICE)}},
+        "metadata": {
+            "name": "bench",
+            "namespace": "ml",
+            "uid": "uid-bench",
+            "annotations": {"hcs.io/plan": json.dumps(SLICE)},
+        },
         "spec": {"containers": [{"name": "c", "resources": {}}], "priority": 0},
     }
     return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
@@ -103,6 +127,7 @@ async def bench_extender(sched: Scheduler, names: list[str], calls: int) -> dict
     base = f"http://127.0.0.1:{sched.port}"
     try:
         async with aiohttp.ClientSession() as session:
+
             async def post(url: str) -> None:
                 async with session.post(url, data=body) as resp:
                     assert resp.status == 200, await resp.text()
@@ -119,8 +144,9 @@ async def bench_extender(sched: Scheduler, names: list[str], calls: int) -> dict
 
 
 async def bench_plans(bus: Bus, count: int, *, concurrency: int = 4) -> tuple[float, list[float]]:
-    request = PlanRequest(namespace="ml", requests=Requests(vram_mib=16384, acu=20),
-                          policy=Policy())
+    request = PlanRequest(
+        namespace="ml", requests=Requests(vram_mib=16384, acu=20), policy=Policy()
+    )
     from hcs_bus.messages import Plan
 
     latencies: list[float] = []
@@ -143,8 +169,14 @@ async def bench_binds(replicas: list[Scheduler], names: list[str], count: int) -
     hot = names[: max(4, len(names) // 50)]  # contention: few nodes, two replicas
 
     def pod(i: int) -> PodInfo:
-        return PodInfo(ref=PodRef(namespace="ml", name=f"b{i}", uid=f"u{i}"), requests=None,
-                       policy=Policy(), annotation=None, priority=0, job=None)
+        return PodInfo(
+            ref=PodRef(namespace="ml", name=f"b{i}", uid=f"u{i}"),
+            requests=None,
+            policy=Policy(),
+            annotation=None,
+            priority=0,
+            job=None,
+        )
 
     sem = asyncio.Semaphore(64)
 
@@ -167,8 +199,10 @@ async def main(small: bool) -> None:
         await streams.init(bus, bus_settings)
         fps = fleet(nodes)
         await bus.publish_window((subjects.fp(f.node), f, f"{f.node}:1") for f in fps)
-        settings = replace(Settings(bus=bus_settings),
-                           scheduler={"extender_port": free_port(), "reserve_ttl_s": 3600})
+        settings = replace(
+            Settings(bus=bus_settings),
+            scheduler={"extender_port": free_port(), "reserve_ttl_s": 3600},
+        )
         t0 = time.perf_counter()
         sched = await run(bus, None, settings)
         await sched.view.wait_ready(timeout_s=60)
@@ -187,29 +221,46 @@ async def main(small: bool) -> None:
         await bus.nc.close()
     finally:
         server.cleanup()
-    report(nodes=nodes, calls=calls, ready_s=ready_s, ext=ext, plans_s=plans_s,
-           plan_lat=plan_lat, binds_s=binds_s, bound=bound)
+    report(
+        nodes=nodes,
+        calls=calls,
+        ready_s=ready_s,
+        ext=ext,
+        plans_s=plans_s,
+        plan_lat=plan_lat,
+        binds_s=binds_s,
+        bound=bound,
+    )
 
 
 def report(**r: Any) -> None:
     ext = r["ext"]
     floor99 = pct(ext["floor"], 0.99)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\nHCS extender bench: {r['nodes']} nodes × 8 devices, {r['calls']} calls each, "
-          f"view ready in {r['ready_s']:.2f}s")
+    print(
+        f"\nHCS extender bench: {r['nodes']} nodes × 8 devices, {r['calls']} calls each, "
+        f"view ready in {r['ready_s']:.2f}s"
+    )
     print(f"{'what':<34}{'p50 ms':>9}{'p99 ms':>9}{'vs floor p99':>14}{'target':>16}")
-    for key, label in (("floor", "bare aiohttp decode+encode"), ("filter", "filter (names)"),
-                       ("prioritize", "prioritize (names)")):
+    for key, label in (
+        ("floor", "bare aiohttp decode+encode"),
+        ("filter", "filter (names)"),
+        ("prioritize", "prioritize (names)"),
+    ):
         p50, p99 = pct(ext[key], 0.5), pct(ext[key], 0.99)
         ratio = p99 / floor99 if floor99 else 0.0
         target = "" if key == "floor" else ("ok" if p99 <= 15 and ratio <= 2 else "MISSED")
         print(f"{label:<34}{p50:>9.2f}{p99:>9.2f}{ratio:>13.2f}×{target + ' ≤2×,≤15ms':>16}")
     p99 = pct(r["plan_lat"], 0.99)
     ok = "ok" if r["plans_s"] >= 500 and p99 <= 10 else "MISSED"
-    print(f"{'plans over hcs.place (1 replica)':<34}{statistics.median(r['plan_lat']) * 1000:>9.2f}"
-          f"{p99:>9.2f}{r['plans_s']:>10.0f}/s   {ok} ≥500/s,≤10ms")
-    print(f"{'binds, 2 replicas contending':<34}{'':>18}{r['binds_s']:>10.0f}/s   "
-          f"({r['bound']} bound)")
+    print(
+        f"{'plans over hcs.place (1 replica)':<34}{statistics.median(r['plan_lat']) * 1000:>9.2f}"
+        f"{p99:>9.2f}{r['plans_s']:>10.0f}/s   {ok} ≥500/s,≤10ms"
+    )
+    print(
+        f"{'binds, 2 replicas contending':<34}{'':>18}{r['binds_s']:>10.0f}/s   "
+        f"({r['bound']} bound)"
+    )
     print(f"{'peak RSS (whole bench process)':<34}{rss_mb:>18.0f} MB")
 
 

@@ -45,17 +45,28 @@ DEVICES = 4
 def _fingerprint(node: str, seq: int, *, blip: bool = False) -> NodeFingerprint:
     devices = tuple(
         DeviceFingerprint(
-            index=i, uuid=f"{node}-{i}", vendor="nvidia", model="H200", vram_total_mib=141_000,
-            vram_free_mib=100_000, compute=Compute(acu_profile=317.0, tflops_fp16_profile=989.0),
-            telemetry=Telemetry(utilisation_pct=90.0, sm_clock_mhz=1980.0, power_w=500.0,
-                                power_limit_w=700.0, temperature_c=60.0,
-                                ecc_corrected=1 if blip and i == 0 else 0,
-                                achieved_tflops_fp16=700.0 + (i % 3)),
+            index=i,
+            uuid=f"{node}-{i}",
+            vendor="nvidia",
+            model="H200",
+            vram_total_mib=141_000,
+            vram_free_mib=100_000,
+            compute=Compute(acu_profile=317.0, tflops_fp16_profile=989.0),
+            telemetry=Telemetry(
+                utilisation_pct=90.0,
+                sm_clock_mhz=1980.0,
+                power_w=500.0,
+                power_limit_w=700.0,
+                temperature_c=60.0,
+                ecc_corrected=1 if blip and i == 0 else 0,
+                achieved_tflops_fp16=700.0 + (i % 3),
+            ),
         )
         for i in range(DEVICES)
     )
-    return NodeFingerprint(node=node, agent_version="bench", boot_id="b", seq=seq,
-                           time_s=float(seq), devices=devices)
+    return NodeFingerprint(
+        node=node, agent_version="bench", boot_id="b", seq=seq, time_s=float(seq), devices=devices
+    )
 
 
 def _nodes(count: int) -> list[str]:
@@ -100,8 +111,14 @@ async def _load(args: argparse.Namespace) -> None:
         seq += 1
         start = (seq * args.rate) % len(nodes)  # rotate when the rate is below the fleet
         chosen = [nodes[(start + k) % len(nodes)] for k in range(min(args.rate, len(nodes)))]
-        batch = [(subjects.fp(n), _fingerprint(n, seq, blip=args.noise and rng.random() < 0.01),
-                  f"{n}:{run}:{seq}") for n in chosen]
+        batch = [
+            (
+                subjects.fp(n),
+                _fingerprint(n, seq, blip=args.noise and rng.random() < 0.01),
+                f"{n}:{run}:{seq}",
+            )
+            for n in chosen
+        ]
         await bus.publish_window(batch, window=500)
         sent += len(batch)
         if args.noise:
@@ -117,13 +134,24 @@ async def _noise(bus: Bus, nodes: list[str], rng: random.Random, *, seq: int) ->
     for k in range(50):
         node = rng.choice(nodes)
         if k % 2:
-            event = HealthEvent(node=node, kind="xid", severity="info", source="probe",
-                                time_s=float(seq), device=rng.randrange(DEVICES),
-                                code=rng.choice([13, 31, 43, 45, 68]))
+            event = HealthEvent(
+                node=node,
+                kind="xid",
+                severity="info",
+                source="probe",
+                time_s=float(seq),
+                device=rng.randrange(DEVICES),
+                code=rng.choice([13, 31, 43, 45, 68]),
+            )
         else:
-            event = HealthEvent(node=node, kind="aer_correctable", severity="warning",
-                                source="probe", time_s=float(seq),
-                                device=rng.randrange(DEVICES))
+            event = HealthEvent(
+                node=node,
+                kind="aer_correctable",
+                severity="warning",
+                source="probe",
+                time_s=float(seq),
+                device=rng.randrange(DEVICES),
+            )
         items.append((subjects.health(node), event, uuid.uuid4().hex))
     await bus.publish_window(items)
     return len(items)
@@ -166,13 +194,14 @@ def _api_double() -> Any:
 
 
 def _spawn(role: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "bench.heal", "--role", role, *extra],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.heal", "--role", role, *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
-async def _readline(
-    proc: subprocess.Popen[str], *, timeout_s: float, prefix: str = ""
-) -> str:
+async def _readline(proc: subprocess.Popen[str], *, timeout_s: float, prefix: str = "") -> str:
     """The next stdout line starting with ``prefix`` (other lines are skipped)."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
@@ -186,7 +215,13 @@ async def _readline(
 
 
 async def _scenario(
-    name: str, *, bus: Bus, nats_url: str, args: argparse.Namespace, load: bool, faults: int,
+    name: str,
+    *,
+    bus: Bus,
+    nats_url: str,
+    args: argparse.Namespace,
+    load: bool,
+    faults: int,
     noise: bool,
 ) -> Result:
     for config in streams.stream_configs(BusSettings(url=nats_url)):
@@ -197,26 +232,39 @@ async def _scenario(
     for node in nodes:
         api.add_node(node)
     run = uuid.uuid4().hex[:8]  # msg ids unique per run: the dedup window outlives a purge
-    await bus.publish_window([(subjects.fp(n), _fingerprint(n, 1), f"{n}:{run}:1")
-                              for n in nodes])
-    healer = _spawn("healer", "--nats", nats_url, "--api", api.url,
-                    "--durable", f"bench-{uuid.uuid4().hex[:6]}")
+    await bus.publish_window([(subjects.fp(n), _fingerprint(n, 1), f"{n}:{run}:1") for n in nodes])
+    healer = _spawn(
+        "healer", "--nats", nats_url, "--api", api.url, "--durable", f"bench-{uuid.uuid4().hex[:6]}"
+    )
     loader: subprocess.Popen[str] | None = None
     try:
         await _readline(healer, timeout_s=120, prefix="READY")
         seconds = args.seconds + 5
         if load:
             extra = ["--noise"] if noise else []
-            loader = _spawn("load", "--nats", nats_url, "--nodes", str(args.nodes), "--rate",
-                            str(args.rate), "--seconds", str(seconds), *extra)
+            loader = _spawn(
+                "load",
+                "--nats",
+                nats_url,
+                "--nodes",
+                str(args.nodes),
+                "--rate",
+                str(args.rate),
+                "--seconds",
+                str(seconds),
+                *extra,
+            )
         await asyncio.sleep(2.0)
         sent = await _faults(bus, nodes, count=faults, seconds=args.seconds)
         await _settle(api, sent, seconds=10.0 if faults else args.seconds)
         fp_rate = 0.0
         if loader is not None:
-            fp_rate = json.loads(await _readline(loader, timeout_s=seconds + 30, prefix="{"))["fp_per_s"]
-        return _result(name, api=api, sent=sent, fp_rate=fp_rate,
-                       breaker=await _breaker_alerts(bus))
+            fp_rate = json.loads(await _readline(loader, timeout_s=seconds + 30, prefix="{"))[
+                "fp_per_s"
+            ]
+        return _result(
+            name, api=api, sent=sent, fp_rate=fp_rate, breaker=await _breaker_alerts(bus)
+        )
     finally:
         for proc in (healer, loader):
             if proc is not None and proc.poll() is None:
@@ -230,8 +278,15 @@ async def _faults(bus: Bus, nodes: list[str], *, count: int, seconds: float) -> 
     victims = random.Random(11).sample(nodes, count) if count else []
     sent: dict[str, float] = {}
     for i, node in enumerate(victims):
-        event = HealthEvent(node=node, kind="xid", severity="fatal", source="probe",
-                            time_s=time.time(), device=i % DEVICES, code=79)
+        event = HealthEvent(
+            node=node,
+            kind="xid",
+            severity="fatal",
+            source="probe",
+            time_s=time.time(),
+            device=i % DEVICES,
+            code=79,
+        )
         sent[node] = time.monotonic()
         await bus.publish(subjects.health(node), event, msg_id=f"fault:{node}:{uuid.uuid4()}")
         await asyncio.sleep(seconds / max(count, 1))
@@ -261,10 +316,10 @@ async def _breaker_alerts(bus: Bus) -> int:
     return count
 
 
-def _result(name: str, *, api: Any, sent: dict[str, float], fp_rate: float,
-            breaker: int) -> Result:
-    latencies = sorted((api.tainted_at[n] - t) * 1000 for n, t in sent.items()
-                       if n in api.tainted_at)
+def _result(name: str, *, api: Any, sent: dict[str, float], fp_rate: float, breaker: int) -> Result:
+    latencies = sorted(
+        (api.tainted_at[n] - t) * 1000 for n, t in sent.items() if n in api.tainted_at
+    )
     false = len(set(api.tainted_at) - set(sent))
     p50 = statistics.median(latencies) if latencies else None
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
@@ -273,13 +328,17 @@ def _result(name: str, *, api: Any, sent: dict[str, float], fp_rate: float,
 
 def _print(results: list[Result], args: argparse.Namespace) -> None:
     print(f"\nhealer bench: {args.nodes} nodes × {DEVICES} devices, {os.cpu_count()} CPUs")
-    print(f"{'scenario':<30}{'faults':>7}{'tainted':>8}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'false':>7}{'breaker':>8}{'fp/s':>9}")
+    print(
+        f"{'scenario':<30}{'faults':>7}{'tainted':>8}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'false':>7}{'breaker':>8}{'fp/s':>9}"
+    )
     for r in results:
         p50 = f"{r.p50_ms:.1f}" if r.p50_ms is not None else "-"
         p99 = f"{r.p99_ms:.1f}" if r.p99_ms is not None else "-"
-        print(f"{r.name:<30}{r.faults:>7}{r.tainted:>8}{p50:>9}{p99:>9}"
-              f"{r.false_isolations:>7}{r.breaker_open:>8}{r.fp_per_s:>9.0f}")
+        print(
+            f"{r.name:<30}{r.faults:>7}{r.tainted:>8}{p50:>9}{p99:>9}"
+            f"{r.false_isolations:>7}{r.breaker_open:>8}{r.fp_per_s:>9.0f}"
+        )
     print("targets: p99 ≤ 250 ms under load; 0 false isolations; breaker closed (4 % < 10 %)")
 
 
@@ -291,10 +350,12 @@ async def _drive(args: argparse.Namespace) -> None:
         await streams.init(bus, BusSettings(url=server.url))
         common: dict[str, Any] = {"bus": bus, "nats_url": server.url, "args": args}
         results = [
-            await _scenario("baseline: idle fleet, fatal", load=False, faults=args.faults,
-                            noise=False, **common),
-            await _scenario("telemetry load, fatal", load=True, faults=args.faults,
-                            noise=False, **common),
+            await _scenario(
+                "baseline: idle fleet, fatal", load=False, faults=args.faults, noise=False, **common
+            ),
+            await _scenario(
+                "telemetry load, fatal", load=True, faults=args.faults, noise=False, **common
+            ),
             await _scenario("healthy fleet + noise", load=True, faults=0, noise=True, **common),
         ]
         await bus.nc.close()

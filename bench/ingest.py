@@ -47,32 +47,56 @@ BATCH = 1000
 
 def fingerprint(n: int) -> NodeFingerprint:
     devices = tuple(
-        DeviceFingerprint(index=i, uuid=f"GPU-{n}-{i}", vendor="nvidia", model="A100-80G",
-                          vram_total_mib=81920, vram_free_mib=81920,
-                          compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
-                          pci_bus_id=f"0000:{i:02x}:00.0")
+        DeviceFingerprint(
+            index=i,
+            uuid=f"GPU-{n}-{i}",
+            vendor="nvidia",
+            model="A100-80G",
+            vram_total_mib=81920,
+            vram_free_mib=81920,
+            compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
+            pci_bus_id=f"0000:{i:02x}:00.0",
+        )
         for i in range(8)
     )
-    return NodeFingerprint(node=f"node-{n}", agent_version="bench", boot_id="b", seq=1,
-                           time_s=1.0, devices=devices)
+    return NodeFingerprint(
+        node=f"node-{n}", agent_version="bench", boot_id="b", seq=1, time_s=1.0, devices=devices
+    )
 
 
 def health(n: int, second: int) -> HealthEvent:
     if second == 0 and n % 100 == 0:
-        return HealthEvent(node=f"node-{n}", kind="verdict", severity="warning",
-                           source="healer", time_s=float(second), device=0,
-                           verdict="degraded", health_score=70)
-    return HealthEvent(node=f"node-{n}", kind="ecc_corrected", severity="info", source="agent",
-                       time_s=float(second), device=second % 8, code=second,
-                       evidence={"count": second})
+        return HealthEvent(
+            node=f"node-{n}",
+            kind="verdict",
+            severity="warning",
+            source="healer",
+            time_s=float(second),
+            device=0,
+            verdict="degraded",
+            health_score=70,
+        )
+    return HealthEvent(
+        node=f"node-{n}",
+        kind="ecc_corrected",
+        severity="info",
+        source="agent",
+        time_s=float(second),
+        device=second % 8,
+        code=second,
+        evidence={"count": second},
+    )
 
 
 async def fill(bus: Bus, *, nodes: int, seconds: int) -> int:
     await bus.publish_window(
-        (subjects.fp(f"node-{n}"), fingerprint(n), f"fp:{n}") for n in range(nodes))
+        (subjects.fp(f"node-{n}"), fingerprint(n), f"fp:{n}") for n in range(nodes)
+    )
     await bus.publish_window(
         (subjects.health(f"node-{n}"), health(n, s), f"h:{n}:{s}")
-        for s in range(seconds) for n in range(nodes))
+        for s in range(seconds)
+        for n in range(nodes)
+    )
     return nodes + nodes * seconds
 
 
@@ -106,11 +130,16 @@ async def role_view(url: str, total: int) -> dict[str, Any]:
     return {"rate": total / took, "ready_s": ready_s, "rss_mb": peak_rss_mb(), "nodes": nodes}
 
 
-async def _drain(bus: Bus, *, stream: str, subject: str, kind: type, deliver: DeliverPolicy,
-                 counts: list[int]) -> None:
-    config = ConsumerConfig(ack_policy=AckPolicy.ALL, deliver_policy=deliver,
-                            max_ack_pending=2 * BATCH, filter_subject=subject,
-                            inactive_threshold=60.0)
+async def _drain(
+    bus: Bus, *, stream: str, subject: str, kind: type, deliver: DeliverPolicy, counts: list[int]
+) -> None:
+    config = ConsumerConfig(
+        ack_policy=AckPolicy.ALL,
+        deliver_policy=deliver,
+        max_ack_pending=2 * BATCH,
+        filter_subject=subject,
+        inactive_threshold=60.0,
+    )
     sub = await bus.js.pull_subscribe(subject, stream=stream, config=config)
     pending = (await sub.consumer_info()).num_pending
     decode = msgspec.json.Decoder(kind).decode
@@ -132,10 +161,22 @@ async def role_bare(url: str, total: int) -> dict[str, Any]:
     counts: list[int] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        _drain(bus, stream=streams.FP, subject=subjects.FP_ALL, kind=NodeFingerprint,
-               deliver=DeliverPolicy.LAST_PER_SUBJECT, counts=counts),
-        _drain(bus, stream=streams.HEALTH, subject=subjects.HEALTH_ALL, kind=HealthEvent,
-               deliver=DeliverPolicy.ALL, counts=counts),
+        _drain(
+            bus,
+            stream=streams.FP,
+            subject=subjects.FP_ALL,
+            kind=NodeFingerprint,
+            deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            counts=counts,
+        ),
+        _drain(
+            bus,
+            stream=streams.HEALTH,
+            subject=subjects.HEALTH_ALL,
+            kind=HealthEvent,
+            deliver=DeliverPolicy.ALL,
+            counts=counts,
+        ),
     )
     took = time.perf_counter() - t0
     await bus.nc.close()
@@ -143,8 +184,9 @@ async def role_bare(url: str, total: int) -> dict[str, Any]:
     return {"rate": total / took, "rss_mb": peak_rss_mb()}
 
 
-async def _follow_bare(bus: Bus, *, stream: str, subject: str, kind: type,
-                       deliver: DeliverPolicy, counts: list[int]) -> None:
+async def _follow_bare(
+    bus: Bus, *, stream: str, subject: str, kind: type, deliver: DeliverPolicy, counts: list[int]
+) -> None:
     decode = msgspec.json.Decoder(kind).decode
     seen = [0]
     done = asyncio.Event()
@@ -155,9 +197,15 @@ async def _follow_bare(bus: Bus, *, stream: str, subject: str, kind: type,
         if msg.reply.rsplit(".", 1)[-1] == "0":
             done.set()
 
-    sub = await bus.js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True,
-                                 deliver_policy=deliver, pending_msgs_limit=1_000_000,
-                                 pending_bytes_limit=1 << 30)
+    sub = await bus.js.subscribe(
+        subject,
+        stream=stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        deliver_policy=deliver,
+        pending_msgs_limit=1_000_000,
+        pending_bytes_limit=1 << 30,
+    )
     await done.wait()
     await sub.unsubscribe()
     counts.append(seen[0])
@@ -168,10 +216,22 @@ async def role_bare_ordered(url: str, total: int) -> dict[str, Any]:
     counts: list[int] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        _follow_bare(bus, stream=streams.FP, subject=subjects.FP_ALL, kind=NodeFingerprint,
-                     deliver=DeliverPolicy.LAST_PER_SUBJECT, counts=counts),
-        _follow_bare(bus, stream=streams.HEALTH, subject=subjects.HEALTH_ALL, kind=HealthEvent,
-                     deliver=DeliverPolicy.ALL, counts=counts),
+        _follow_bare(
+            bus,
+            stream=streams.FP,
+            subject=subjects.FP_ALL,
+            kind=NodeFingerprint,
+            deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            counts=counts,
+        ),
+        _follow_bare(
+            bus,
+            stream=streams.HEALTH,
+            subject=subjects.HEALTH_ALL,
+            kind=HealthEvent,
+            deliver=DeliverPolicy.ALL,
+            counts=counts,
+        ),
     )
     took = time.perf_counter() - t0
     await bus.nc.close()
@@ -184,9 +244,11 @@ ROLES = {"view": role_view, "bare": role_bare, "bare-ordered": role_bare_ordered
 
 def run_role(role: str, url: str, total: int) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.ingest", "--role", role, "--url", url,
-         "--total", str(total)],
-        check=True, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "bench.ingest", "--role", role, "--url", url, "--total", str(total)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -214,15 +276,23 @@ async def main(small: bool) -> None:
 def report(**r: Any) -> None:
     bare, ordered, view = r["bare"], r["ordered"], r["view"]
     ratio = view["rate"] / ordered["rate"]
-    print(f"\nHCS ingest bench: {r['nodes']} nodes × 8 devices, {r['total']} messages "
-          f"(filled in {r['fill_s']:.1f}s)")
+    print(
+        f"\nHCS ingest bench: {r['nodes']} nodes × 8 devices, {r['total']} messages "
+        f"(filled in {r['fill_s']:.1f}s)"
+    )
     print(f"{'consumer':<36}{'events/s':>10}{'peak RSS MB':>13}{'ready s':>9}")
-    print(f"{'bare ordered push, decode (no ack)':<36}{ordered['rate']:>10.0f}"
-          f"{ordered['rss_mb']:>13.0f}{'':>9}")
-    print(f"{'bare pull, decode+AckAll (reference)':<36}{bare['rate']:>10.0f}"
-          f"{bare['rss_mb']:>13.0f}{'':>9}")
-    print(f"{'ClusterView (scheduler)':<36}{view['rate']:>10.0f}{view['rss_mb']:>13.0f}"
-          f"{view['ready_s']:>9.2f}")
+    print(
+        f"{'bare ordered push, decode (no ack)':<36}{ordered['rate']:>10.0f}"
+        f"{ordered['rss_mb']:>13.0f}{'':>9}"
+    )
+    print(
+        f"{'bare pull, decode+AckAll (reference)':<36}{bare['rate']:>10.0f}"
+        f"{bare['rss_mb']:>13.0f}{'':>9}"
+    )
+    print(
+        f"{'ClusterView (scheduler)':<36}{view['rate']:>10.0f}{view['rss_mb']:>13.0f}"
+        f"{view['ready_s']:>9.2f}"
+    )
     checks = [
         ("ratio ≥ 0.7 (same policy)", ratio >= 0.7, f"{ratio:.2f}"),
         ("≥ 20,000 events/s", view["rate"] >= 20_000, f"{view['rate']:.0f}"),

@@ -40,60 +40,111 @@ from hcs_bus.telemetry import configure
 from injector.certs import DevCerts, make_dev_certs
 from injector.serving import Injector
 
-CLASSES = ("nvidia/A100-80G", "nvidia/H100-SXM", "huawei/Ascend910B2", "hygon/K100",
-           "cambricon/MLU370-X8", "nvidia/H200")
+CLASSES = (
+    "nvidia/A100-80G",
+    "nvidia/H100-SXM",
+    "huawei/Ascend910B2",
+    "hygon/K100",
+    "cambricon/MLU370-X8",
+    "nvidia/H200",
+)
 
 
 # ------------------------------------------------------------ documents --
 def review(*, gpu: bool, uid: str = "0b7a3c1e-4f2d-4e8a-9b6c-1d2e3f4a5b6c") -> dict[str, Any]:
     """A CREATE review shaped like admission-review-pod-create-request.json."""
-    resources: dict[str, Any] = {"limits": {"cpu": "8", "memory": "32Gi"},
-                                 "requests": {"cpu": "4", "memory": "16Gi"}}
+    resources: dict[str, Any] = {
+        "limits": {"cpu": "8", "memory": "32Gi"},
+        "requests": {"cpu": "4", "memory": "16Gi"},
+    }
     if gpu:
         for part in resources.values():
             part.update({"ai.compute/vram": "32Gi", "ai.compute/devices": "2"})
     pod = {
-        "kind": "Pod", "apiVersion": "v1",
+        "kind": "Pod",
+        "apiVersion": "v1",
         "metadata": {
-            "generateName": "trainer-7c9d6b5f4-", "namespace": "ml-team",
+            "generateName": "trainer-7c9d6b5f4-",
+            "namespace": "ml-team",
             "creationTimestamp": None,
             "labels": {"app": "trainer", "pod-template-hash": "7c9d6b5f4"},
             "annotations": {"hcs.io/vendors": "nvidia,huawei"} if gpu else {},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                 "name": "trainer-7c9d6b5f4", "uid": "c1d2e3f4",
-                                 "controller": True, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "trainer-7c9d6b5f4",
+                    "uid": "c1d2e3f4",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
         "spec": {
-            "volumes": [{"name": "kube-api-access-7xk2p", "projected": {"defaultMode": 420,
-                         "sources": [{"serviceAccountToken": {"expirationSeconds": 3607,
-                                                              "path": "token"}}]}}],
-            "containers": [{
-                "name": "trainer", "image": "registry.example.com/ml/trainer:2.4.1",
-                "command": ["python", "-m", "trainer.main"], "resources": resources,
-                "volumeMounts": [{"name": "kube-api-access-7xk2p", "readOnly": True,
-                                  "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
-                "terminationMessagePath": "/dev/termination-log",
-                "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent",
-            }],
-            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst", "serviceAccountName": "default",
-            "schedulerName": "default-scheduler", "priority": 0,
-            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
-                             "effect": "NoExecute", "tolerationSeconds": 300}],
+            "volumes": [
+                {
+                    "name": "kube-api-access-7xk2p",
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}
+                        ],
+                    },
+                }
+            ],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example.com/ml/trainer:2.4.1",
+                    "command": ["python", "-m", "trainer.main"],
+                    "resources": resources,
+                    "volumeMounts": [
+                        {
+                            "name": "kube-api-access-7xk2p",
+                            "readOnly": True,
+                            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                        }
+                    ],
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "schedulerName": "default-scheduler",
+            "priority": 0,
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                }
+            ],
         },
         "status": {},
     }
     return {
-        "kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
         "request": {
-            "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
             "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml-team", "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                         "groups": ["system:serviceaccounts", "system:authenticated"]},
-            "object": pod, "oldObject": None, "dryRun": False,
+            "namespace": "ml-team",
+            "operation": "CREATE",
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "groups": ["system:serviceaccounts", "system:authenticated"],
+            },
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
             "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
         },
     }
@@ -110,15 +161,27 @@ def fleet(nodes: int) -> list[NodeFingerprint]:
         p = chosen[n % len(chosen)]
         devices = tuple(
             DeviceFingerprint(
-                index=i, uuid=f"GPU-{n}-{i}", vendor=p.vendor, model=p.model,
-                vram_total_mib=p.vram_mib, vram_free_mib=p.vram_mib,
+                index=i,
+                uuid=f"GPU-{n}-{i}",
+                vendor=p.vendor,
+                model=p.model,
+                vram_total_mib=p.vram_mib,
+                vram_free_mib=p.vram_mib,
                 compute=Compute(acu_profile=p.acu, tflops_fp16_profile=p.tflops_fp16 or 0.0),
             )
             for i in range(8)
         )
-        out.append(NodeFingerprint(
-            node=f"node-{n:05d}", agent_version="bench", boot_id="b", seq=1, time_s=1.0,
-            devices=devices, labels={"hcs.io/vendor": p.vendor, "hcs.io/model": p.model}))
+        out.append(
+            NodeFingerprint(
+                node=f"node-{n:05d}",
+                agent_version="bench",
+                boot_id="b",
+                seq=1,
+                time_s=1.0,
+                devices=devices,
+                labels={"hcs.io/vendor": p.vendor, "hcs.io/model": p.model},
+            )
+        )
     return out
 
 
@@ -131,8 +194,15 @@ def _known(db: Any, key: str) -> bool:
 
 
 def make_planner(nodes: int) -> tuple[str, Any]:
-    fixed = Plan(ok=True, vendor="nvidia", model="A100-80G", models=("A100-80G",), devices=2,
-                 vram_mib_per_device=16384, acu_per_device=100.0)
+    fixed = Plan(
+        ok=True,
+        vendor="nvidia",
+        model="A100-80G",
+        models=("A100-80G",),
+        devices=2,
+        vram_mib_per_device=16384,
+        acu_per_device=100.0,
+    )
     try:
         from hcs_bus import profiles
         from scheduler import planning
@@ -166,8 +236,13 @@ def run_responder(url: str, nodes: int, ready: Any, stop: Any) -> None:
         async def handle(request: PlanRequest) -> Plan:
             return plan(request)  # type: ignore[no-any-return]
 
-        await bus.serve(subjects.PLACE, PlanRequest, handle, queue=subjects.PLACE_QUEUE,
-                        on_bad=lambda reason: Plan(ok=False, reason=reason))
+        await bus.serve(
+            subjects.PLACE,
+            PlanRequest,
+            handle,
+            queue=subjects.PLACE_QUEUE,
+            on_bad=lambda reason: Plan(ok=False, reason=reason),
+        )
         await bus.nc.flush()
         ready.put(label)
         await asyncio.to_thread(stop.wait)
@@ -205,8 +280,11 @@ class TimedInjector(Injector):
 
 async def echo(request: web.Request) -> web.Response:
     doc = json.loads(await request.read())
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "response": {"uid": doc["request"]["uid"], "allowed": True}}
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": doc["request"]["uid"], "allowed": True},
+    }
     return web.json_response(body)
 
 
@@ -214,9 +292,16 @@ def run_servers(url: str, certs: DevCerts, ready: Any, stop: Any) -> None:
     _quiet()
 
     async def main() -> None:
-        settings = replace(Settings(), bus={"url": url}, injector={
-            "host": "127.0.0.1", "port": 0, "cert_file": str(certs.cert_file),
-            "key_file": str(certs.key_file)})
+        settings = replace(
+            Settings(),
+            bus={"url": url},
+            injector={
+                "host": "127.0.0.1",
+                "port": 0,
+                "cert_file": str(certs.cert_file),
+                "key_file": str(certs.key_file),
+            },
+        )
         bus = await connect(settings.bus, name="bench-injector")
         injector = TimedInjector(bus, settings)
         await injector.start()
@@ -268,18 +353,27 @@ async def client(webhook: str, baseline: str, certs: DevCerts, n: int) -> list[t
         async with s.post(webhook, data=gpu) as resp:
             first = (await resp.json())["response"]
         outcome = "patched" if first.get("patch") else f"NOT patched: {first}"
-        for name, url, body in (("GPU pod (plan + patch)", webhook, gpu),
-                                ("pass-through pod", webhook, plain),
-                                ("bare TLS echo, same review", baseline, plain),
-                                ("bare TLS echo, GPU review", baseline, gpu)):
+        for name, url, body in (
+            ("GPU pod (plan + patch)", webhook, gpu),
+            ("pass-through pod", webhook, plain),
+            ("bare TLS echo, same review", baseline, plain),
+            ("bare TLS echo, GPU review", baseline, gpu),
+        ):
             times = await measure(s, url, body, n)
             server = ""
             if url == webhook:
                 async with s.get(webhook.replace("/mutate", "/bench-timings")) as resp:
                     handler = json.loads(await resp.text())
                 server = f"{pct(handler, 0.5):.3f} / {pct(handler, 0.99):.3f}"
-            rows.append((name, f"{pct(times, 0.5):.3f}", f"{pct(times, 0.99):.3f}",
-                         f"{statistics.mean(times) * 1000:.3f}", server))
+            rows.append(
+                (
+                    name,
+                    f"{pct(times, 0.5):.3f}",
+                    f"{pct(times, 0.99):.3f}",
+                    f"{statistics.mean(times) * 1000:.3f}",
+                    server,
+                )
+            )
     rows.append(("(GPU pod answer)", outcome, "", "", ""))
     return rows
 
@@ -295,8 +389,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hcs-bench-") as tmp:
         certs = make_dev_certs(Path(tmp), dns=["localhost"], ips=["127.0.0.1"])
         q_plan, q_srv = ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=run_responder, args=(nats.url, args.nodes, q_plan, stop)),
-                 ctx.Process(target=run_servers, args=(nats.url, certs, q_srv, stop))]
+        procs = [
+            ctx.Process(target=run_responder, args=(nats.url, args.nodes, q_plan, stop)),
+            ctx.Process(target=run_servers, args=(nats.url, certs, q_srv, stop)),
+        ]
         for proc in procs:
             proc.start()
         try:

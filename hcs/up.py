@@ -164,7 +164,6 @@ def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path) ->
     )
 
 
-
 async def _watch_parts(running: list[Part], stop: asyncio.Event) -> None:
     """A part that exits on its own stops the stack (its log says why)."""
     waits = {asyncio.create_task(p.process.wait()): p for p in running if p.process}

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nkeys
+
 from hcs_bus import streams, subjects
 
 JS_API = "$JS.API"
@@ -312,50 +314,27 @@ def _value(value: Any) -> str:
     raise TypeError(f"cannot render {value!r} into nats.conf")
 
 
-# -- nkeys (Ed25519; the nkeys package is only needed by the client) ----------
-
-_PREFIX_SEED = 18 << 3
-_PREFIX_USER = 20 << 3
-
-
-def _crc16(data: bytes) -> int:
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def _encode(raw: bytes) -> str:
-    return base64.b32encode(raw + _crc16(raw).to_bytes(2, "little")).decode().rstrip("=")
+# -- nkeys (Ed25519 user keys, through the nkeys package) --------------------
 
 
 def new_user_seed() -> str:
     """A fresh user nkey seed (``SU…``), as ``nk -gen user`` prints it."""
-    seed = os.urandom(32)
-    first = _PREFIX_SEED | (_PREFIX_USER >> 5)
-    second = (_PREFIX_USER & 31) << 3
-    return _encode(bytes([first, second]) + seed)
+    return nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
 
 
 def public_key(seed: str) -> str:
-    """The ``U…`` public key of a user seed."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-    padded = seed.strip() + "=" * (-len(seed.strip()) % 8)
+    """The ``U…`` public key of a user seed; ValueError when it is not one."""
+    text = seed.strip().encode()
     try:
-        raw = base64.b32decode(padded)
-    except binascii.Error as exc:
-        raise ValueError("not an nkey seed") from exc
-    body, crc = raw[:-2], int.from_bytes(raw[-2:], "little")
-    if len(body) != 34 or _crc16(body) != crc or body[0] >> 3 != _PREFIX_SEED >> 3:
-        raise ValueError("not a valid nkey seed (bad length, prefix or checksum)")
-    key = Ed25519PrivateKey.from_private_bytes(body[2:])
-    pub = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return _encode(bytes([_PREFIX_USER]) + pub)
+        raw = base64.b32decode(text + b"=" * (-len(text) % 8))
+        if nkeys.crc16_checksum(raw[:-2]) != raw[-2:]:
+            raise ValueError("checksum mismatch")
+        public = nkeys.from_seed(text).public_key.decode()
+    except (nkeys.NkeysError, ValueError, binascii.Error) as exc:
+        raise ValueError(f"not a valid nkey seed: {exc!r}") from exc
+    if not public.startswith("U"):
+        raise ValueError("not a valid nkey seed: it is not a user key")
+    return public
 
 
 def ensure_seed(path: Path) -> str:

@@ -15,8 +15,9 @@ from healer.running import run
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m healer", description="HCS healer")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="publish the actions it would take, apply none")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="publish the actions it would take, apply none"
+    )
     parser.add_argument("--config", default=None, help="HCS settings YAML")
     return parser.parse_args(argv)
 

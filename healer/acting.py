@@ -98,8 +98,13 @@ class Actor:
     async def taint(self, node: str, *, effect: str, reason: str, pods: list[str]) -> None:
         value = taint_value(reason)
         if self.dry_run:
-            await self._announce(node, action="taint", taint=f"{TAINT_KEY}={value}:{effect}",
-                                 pods=pods, reason=reason)
+            await self._announce(
+                node,
+                action="taint",
+                taint=f"{TAINT_KEY}={value}:{effect}",
+                pods=pods,
+                reason=reason,
+            )
             return
         kube = self._kube()
         stamp = _now_iso()
@@ -130,8 +135,9 @@ class Actor:
         if not pods:
             return
         if self.dry_run:
-            await self._announce(pods[0].node, action="evict", taint="",
-                                 pods=[p.key for p in pods], reason=reason)
+            await self._announce(
+                pods[0].node, action="evict", taint="", pods=[p.key for p in pods], reason=reason
+            )
             return
         for pod in pods:
             if pod.key in self._evictions and not self._evictions[pod.key].done():
@@ -209,15 +215,23 @@ class Actor:
             severity="info",
             source="healer",
             time_s=_wall(),
-            evidence={"action": action, "taint": taint, "pods": ",".join(pods),
-                      "dry_run": True, "reason": reason[:500]},
+            evidence={
+                "action": action,
+                "taint": taint,
+                "pods": ",".join(pods),
+                "dry_run": True,
+                "reason": reason[:500],
+            },
             message=f"dry run: would {action} {node}",
         )
         ACTIONS.add(1, {"action": action, "dry_run": "true"})
         _log.info("dry_run_action", node=node, action=action, taint=taint, pods=pods)
         try:
-            await self.bus.publish(subjects.health(node), event,
-                                   msg_id=f"healer:action:{node}:{action}:{_wall()}:{self._seq}")
+            await self.bus.publish(
+                subjects.health(node),
+                event,
+                msg_id=f"healer:action:{node}:{action}:{_wall()}:{self._seq}",
+            )
         except HcsError as exc:
             _log.warning("dry_run_publish_failed", node=node, error=str(exc))
 

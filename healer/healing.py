@@ -70,10 +70,10 @@ class Healer:
             recovery_window_s=settings.recovery_window_s,
         )
         self.actor = actor or Actor(bus=bus, kube=kube, dry_run=settings.dry_run)
-        self.leader = Leader(kube, identity=identity, settings=settings,
-                             on_change=self._leadership)
-        self.breaker = Breaker(max_fraction=settings.breaker_max_fraction,
-                               window_s=settings.breaker_window_s)
+        self.leader = Leader(kube, identity=identity, settings=settings, on_change=self._leadership)
+        self.breaker = Breaker(
+            max_fraction=settings.breaker_max_fraction, window_s=settings.breaker_window_s
+        )
         self.asker = CheckpointAsker(bus, wait_s=settings.checkpoint_wait_s)
         self.fleet = Fleet(self.rules.telemetry)
         self.bindings = Bindings()
@@ -111,16 +111,46 @@ class Healer:
         if self._tasks:
             return
         consumers: list[tuple[str, Consumer[Any]]] = [
-            ("fp", Consumer(self.bus, stream=FP, kind=NodeFingerprint, handle=self._on_fps,
-                            filter_subject=subjects.FP_ALL, batch=250, ack_all=True)),
-            ("alloc", Consumer(self.bus, stream=ALLOC, kind=AllocationEvent,
-                               handle=self._on_allocs, filter_subject=subjects.ALLOC_ALL,
-                               batch=1000, ack_all=True)),
-            ("health", Consumer(self.bus, stream=HEALTH, kind=HealthEvent,
-                                handle=self._on_health, filter_subject=subjects.HEALTH_ALL,
-                                durable=f"{self.durable}-health", deliver=DeliverPolicy.NEW,
-                                batch=200, fetch_timeout_s=0.05, ack_wait_s=60.0,
-                                max_deliver=5)),
+            (
+                "fp",
+                Consumer(
+                    self.bus,
+                    stream=FP,
+                    kind=NodeFingerprint,
+                    handle=self._on_fps,
+                    filter_subject=subjects.FP_ALL,
+                    batch=250,
+                    ack_all=True,
+                ),
+            ),
+            (
+                "alloc",
+                Consumer(
+                    self.bus,
+                    stream=ALLOC,
+                    kind=AllocationEvent,
+                    handle=self._on_allocs,
+                    filter_subject=subjects.ALLOC_ALL,
+                    batch=1000,
+                    ack_all=True,
+                ),
+            ),
+            (
+                "health",
+                Consumer(
+                    self.bus,
+                    stream=HEALTH,
+                    kind=HealthEvent,
+                    handle=self._on_health,
+                    filter_subject=subjects.HEALTH_ALL,
+                    durable=f"{self.durable}-health",
+                    deliver=DeliverPolicy.NEW,
+                    batch=200,
+                    fetch_timeout_s=0.05,
+                    ack_wait_s=60.0,
+                    max_deliver=5,
+                ),
+            ),
         ]
         for name, consumer in consumers:
             await consumer.start()
@@ -181,8 +211,9 @@ class Healer:
                     publishing.append(self._publish_verdict(history, judgement))
             if self.nodes.get(fp.node, decisions.NodeState()).verdict == "lost":
                 dirty.add(fp.node)
-        await asyncio.gather(*(self._reconsider(n, now=now) for n in dirty), *publishing,
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(self._reconsider(n, now=now) for n in dirty), *publishing, return_exceptions=True
+        )
 
     def _judge_fp(
         self, fp: NodeFingerprint, *, now: float
@@ -199,8 +230,9 @@ class Healer:
             if not full and d.error is None and d.index in known and not known[d.index].lost:
                 continue  # telemetry is judged every telemetry_every_s; loss at once
             tflops, clock = self.fleet.medians(d.model, now=now)
-            sample = FingerprintSample(fp.node, d.index, d.model, d.telemetry, True, d.error,
-                                       tflops, clock)
+            sample = FingerprintSample(
+                fp.node, d.index, d.model, d.telemetry, True, d.error, tflops, clock
+            )
             history = self._history(fp.node, d.index)
             out.append((history, rules.judge(history, sample, now=now, rules=self.rules)))
         for index, history in self.histories.get(fp.node, {}).items():
@@ -256,9 +288,9 @@ class Healer:
             await self.actor.evict(victims, reason=f"devices {list(plan.evict_now)} failed")
         if plan.checkpoint_then_evict:
             victims = self.bindings.on_devices(node, plan.checkpoint_then_evict)
-            self._background.add(tasks.start(
-                self._checkpoint_then_evict(node, victims), name=f"healer:ckpt:{node}"
-            ))
+            self._background.add(
+                tasks.start(self._checkpoint_then_evict(node, victims), name=f"healer:ckpt:{node}")
+            )
         return plan.state
 
     async def _checkpoint_then_evict(self, node: str, victims: list[Any]) -> None:
@@ -276,10 +308,17 @@ class Healer:
     async def _breaker_open(self, node: str, plan: decisions.NodePlan, *, reason: str) -> None:
         _log.error("breaker_open", node=node, verdict=plan.state.verdict, reason=reason)
         event = HealthEvent(
-            node=node, kind="breaker_open", severity="critical", source="healer",
-            time_s=_wall(), verdict=_device_verdict(plan.state.verdict),
-            evidence={"reason": reason, "would_taint": plan.taint or "",
-                      "verdict": plan.state.verdict},
+            node=node,
+            kind="breaker_open",
+            severity="critical",
+            source="healer",
+            time_s=_wall(),
+            verdict=_device_verdict(plan.state.verdict),
+            evidence={
+                "reason": reason,
+                "would_taint": plan.taint or "",
+                "verdict": plan.state.verdict,
+            },
             message=f"circuit breaker open: not isolating {node} ({reason})",
         )
         await self._publish(node, event, tag="breaker")
@@ -289,21 +328,31 @@ class Healer:
     async def _publish_verdict(self, history: DeviceHistory, judgement: Judgement) -> None:
         VERDICTS.add(1, {"verdict": judgement.verdict})
         event = HealthEvent(
-            node=history.node, kind="verdict", severity=_severity(judgement.verdict),
-            source="healer", time_s=_wall(),
+            node=history.node,
+            kind="verdict",
+            severity=_severity(judgement.verdict),
+            source="healer",
+            time_s=_wall(),
             device=None if history.device == NODE else history.device,
-            verdict=judgement.verdict, health_score=judgement.health_score,
-            evidence=judgement.evidence, message=history.reason,
+            verdict=judgement.verdict,
+            health_score=judgement.health_score,
+            evidence=judgement.evidence,
+            message=history.reason,
         )
         await self._publish(history.node, event, tag=f"v{history.device}")
 
     async def _publish_node_verdict(self, node: str, verdict: str, reason: str) -> None:
         scores = [h.score for i, h in self.histories.get(node, {}).items() if i != NODE]
         event = HealthEvent(
-            node=node, kind="verdict", severity=_severity(_device_verdict(verdict)),
-            source="healer", time_s=_wall(), verdict=_device_verdict(verdict),
+            node=node,
+            kind="verdict",
+            severity=_severity(_device_verdict(verdict)),
+            source="healer",
+            time_s=_wall(),
+            verdict=_device_verdict(verdict),
             health_score=min(scores, default=100) if verdict != "lost" else 0,
-            evidence={"node_verdict": verdict, "reason": reason[:500]}, message=reason[:500],
+            evidence={"node_verdict": verdict, "reason": reason[:500]},
+            message=reason[:500],
         )
         await self._publish(node, event, tag="node")
 
@@ -325,10 +374,13 @@ class Healer:
     def _count_unknown(self, event: HealthEvent) -> None:
         self.unknown += 1
         UNKNOWN.add(1, {"kind": event.kind[:40]})
-        _log.warning("unknown_health_kind", node=event.node, kind=event.kind,
-                     device=event.device, count=self.unknown)
-
-
+        _log.warning(
+            "unknown_health_kind",
+            node=event.node,
+            kind=event.kind,
+            device=event.device,
+            count=self.unknown,
+        )
 
 
 def _device_verdict(verdict: str) -> Any:
@@ -342,4 +394,3 @@ def _severity(verdict: str) -> Any:
 def _wall() -> float:
     # Producer timestamp of an outgoing event, not a decision input.
     return datetime.datetime.now(datetime.UTC).timestamp()
-

@@ -36,7 +36,12 @@ def expired(observed: Observed | None, *, now: float, duration_s: float) -> bool
 
 
 def lease_body(
-    *, name: str, namespace: str, me: str, duration_s: float, old: dict[str, Any] | None,
+    *,
+    name: str,
+    namespace: str,
+    me: str,
+    duration_s: float,
+    old: dict[str, Any] | None,
     now_iso: str,
 ) -> dict[str, Any]:
     """The Lease to write: renewal keeps acquireTime, a takeover counts a transition."""
@@ -49,8 +54,12 @@ def lease_body(
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if old is not None:
         metadata["resourceVersion"] = old["metadata"]["resourceVersion"]
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-            "spec": spec}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": spec,
+    }
 
 
 class Leader:
@@ -116,8 +125,14 @@ class Leader:
         assert self.kube is not None
         s = self.settings
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body = lease_body(name=s.lease_name, namespace=s.lease_namespace, me=self.identity,
-                          duration_s=s.lease_duration_s, old=old, now_iso=stamp)
+        body = lease_body(
+            name=s.lease_name,
+            namespace=s.lease_namespace,
+            me=self.identity,
+            duration_s=s.lease_duration_s,
+            old=old,
+            now_iso=stamp,
+        )
         try:
             if old is None:
                 await self.kube.create_lease(s.lease_namespace, body)

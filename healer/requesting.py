@@ -48,19 +48,31 @@ class CheckpointAsker:
     async def checkpoint(self, namespace: str, job: str, *, reason: str) -> bool:
         try:
             before = await checkpoint.latest(self.bus, namespace=namespace, job=job)
-            request = CheckpointRequest(namespace=namespace, job=job, reason=reason,
-                                        request_id=uuid.uuid4().hex, deadline_s=self.wait_s)
-            await self.bus.nc.publish(subjects.ckpt_request(namespace, job),
-                                      messages.encode(request))
+            request = CheckpointRequest(
+                namespace=namespace,
+                job=job,
+                reason=reason,
+                request_id=uuid.uuid4().hex,
+                deadline_s=self.wait_s,
+            )
+            await self.bus.nc.publish(
+                subjects.ckpt_request(namespace, job), messages.encode(request)
+            )
         except HcsError as exc:
             _log.warning("checkpoint_request_failed", namespace=namespace, job=job, error=str(exc))
             return False
-        _log.info("checkpoint_requested", namespace=namespace, job=job,
-                  request_id=request.request_id, before=before.step if before else None)
+        _log.info(
+            "checkpoint_requested",
+            namespace=namespace,
+            job=job,
+            request_id=request.request_id,
+            before=before.step if before else None,
+        )
         got = await self._wait_newer(namespace, job, before)
         if got is None:
-            _log.warning("checkpoint_wait_timed_out", namespace=namespace, job=job,
-                         wait_s=self.wait_s)
+            _log.warning(
+                "checkpoint_wait_timed_out", namespace=namespace, job=job, wait_s=self.wait_s
+            )
             return False
         _log.info("checkpoint_arrived", namespace=namespace, job=job, step=got.step, uri=got.uri)
         return True
@@ -75,8 +87,7 @@ class CheckpointAsker:
             try:
                 now = await checkpoint.latest(self.bus, namespace=namespace, job=job)
             except HcsError as exc:
-                _log.warning("checkpoint_read_failed", namespace=namespace, job=job,
-                             error=str(exc))
+                _log.warning("checkpoint_read_failed", namespace=namespace, job=job, error=str(exc))
                 continue
             if is_newer(now, before):
                 return now

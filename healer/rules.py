@@ -117,14 +117,10 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     def keep_s(self) -> float:
         """How long events are kept: the longest window any rule looks back."""
         storms = [s.window_s for s in (*self.xid.storms.values(), *self.kinds.thresholds.values())]
-        return max(
-            self.xid.pair_window_s, self.degraded_window_s, self.recovery_window_s, *storms
-        )
+        return max(self.xid.pair_window_s, self.degraded_window_s, self.recovery_window_s, *storms)
 
 
-def load(
-    path: Path | None = None, *, degraded_window_s: float, recovery_window_s: float
-) -> Rules:
+def load(path: Path | None = None, *, degraded_window_s: float, recovery_window_s: float) -> Rules:
     """Rules from the YAML file (strictly decoded) and the two windows of settings."""
     source = path or DATA
     try:
@@ -161,8 +157,9 @@ def _judge_event(
         evidence["code"] = event.code
     if cls == "unknown":
         history.unknown += 1
-        return _answer(history, now=now, rules=rules, changed=False, evidence=evidence,
-                       unknown=True)
+        return _answer(
+            history, now=now, rules=rules, changed=False, evidence=evidence, unknown=True
+        )
     if cls == "fatal":
         return _escalate(history, now=now, rules=rules, reason=why, evidence=evidence)
     if cls == "warning":
@@ -170,14 +167,18 @@ def _judge_event(
         history.good_since = None
         burst = sum(1 for t in history.warnings if now - t <= rules.degraded_window_s)
         if burst >= rules.warning_burst:
-            return _degrade(history, now=now, rules=rules, reason=f"{burst} warnings",
-                            evidence=evidence, sustained=True)
+            return _degrade(
+                history,
+                now=now,
+                rules=rules,
+                reason=f"{burst} warnings",
+                evidence=evidence,
+                sustained=True,
+            )
     return _answer(history, now=now, rules=rules, changed=False, evidence=evidence)
 
 
-def classify(
-    history: DeviceHistory, seen: SeenEvent, *, rules: Rules
-) -> tuple[EventClass, str]:
+def classify(history: DeviceHistory, seen: SeenEvent, *, rules: Rules) -> tuple[EventClass, str]:
     """What one event means given the device's recent events."""
     if seen.kind in ("xid", "fallen_off_bus") and seen.code is not None:
         found = _classify_xid(history, seen, rules=rules)
@@ -250,8 +251,9 @@ def _judge_sample(
     if not sample.present or sample.error:
         history.lost = True
         reason = f"device lost: {sample.error}" if sample.error else "device lost"
-        return _escalate(history, now=now, rules=rules, reason=reason,
-                         evidence={"kind": "device_lost"})
+        return _escalate(
+            history, now=now, rules=rules, reason=reason, evidence={"kind": "device_lost"}
+        )
     history.lost = False
     fatal = signals.fatal_telemetry(sample.telemetry, rules=rules)
     if fatal:
@@ -263,8 +265,9 @@ def _judge_sample(
             history.bad_since, history.bad_reason = now, bad
         sustained = now - history.bad_since >= rules.degraded_window_s
         evidence: Evidence = {"signal": bad, "since_s": round(now - history.bad_since, 3)}
-        return _degrade(history, now=now, rules=rules, reason=bad, evidence=evidence,
-                        sustained=sustained)
+        return _degrade(
+            history, now=now, rules=rules, reason=bad, evidence=evidence, sustained=sustained
+        )
     history.bad_since, history.bad_reason = None, ""
     if history.good_since is None:
         history.good_since = now

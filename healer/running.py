@@ -23,8 +23,11 @@ def identity() -> str:
 async def run(bus: Bus, kube: Kube | None, settings: Settings) -> None:
     """Heal until cancelled. Without a cluster: dry run, said once in the log."""
     if kube is None and not settings.healer.dry_run:
-        _log.warning("healer_dry_run", reason="no Kubernetes cluster configured: actions are "
-                     "published as kind=action events, nothing is applied")
+        _log.warning(
+            "healer_dry_run",
+            reason="no Kubernetes cluster configured: actions are "
+            "published as kind=action events, nothing is applied",
+        )
         settings = replace(settings, healer={"dry_run": True})
     elif settings.healer.dry_run:
         _log.info("healer_dry_run", reason="settings.healer.dry_run")

@@ -53,7 +53,13 @@ def scan(root: Path) -> Listing:
 
 class Sidecar:
     def __init__(
-        self, bus: Bus, *, root: Path, namespace: str, job: str, pid: int | None = None,
+        self,
+        bus: Bus,
+        *,
+        root: Path,
+        namespace: str,
+        job: str,
+        pid: int | None = None,
         interval_s: float = 5.0,
     ) -> None:
         self.bus = bus
@@ -89,8 +95,14 @@ class Sidecar:
         found = newest(await asyncio.to_thread(scan, self.root))
         if found is None or (self.reported is not None and not _newer(found, self.reported)):
             return None
-        await checkpoint.report(self.bus, namespace=self.namespace, job=self.job,
-                                uri=found.uri, step=found.step, framework=found.framework)
+        await checkpoint.report(
+            self.bus,
+            namespace=self.namespace,
+            job=self.job,
+            uri=found.uri,
+            step=found.step,
+            framework=found.framework,
+        )
         self.reported = found
         return found
 
@@ -135,8 +147,14 @@ async def _main(args: argparse.Namespace) -> None:
     configure(config.telemetry, service="hcs-ckpt-sidecar")
     bus = await hcs_bus_bus.connect(config.bus, name=f"hcs-sidecar-{args.namespace}-{args.job}")
     await streams.init(bus, config.bus)
-    sidecar = Sidecar(bus, root=args.dir, namespace=args.namespace, job=args.job, pid=args.pid,
-                      interval_s=args.interval_s)
+    sidecar = Sidecar(
+        bus,
+        root=args.dir,
+        namespace=args.namespace,
+        job=args.job,
+        pid=args.pid,
+        interval_s=args.interval_s,
+    )
     try:
         await tasks.run_until_stopped(sidecar.run(), name="sidecar")
     finally:

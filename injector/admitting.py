@@ -85,10 +85,15 @@ class Admitter:
             demands.annotations_of(pod), demands.annotations_of(old)
         )
         if changed:
-            _log.warning("reserved_annotation_change", uid=request.uid, keys=changed,
-                         user=request.user_info.username)
-            return reviews.deny(request.uid, guarding.reserved_message(
-                changed, username=request.user_info.username))
+            _log.warning(
+                "reserved_annotation_change",
+                uid=request.uid,
+                keys=changed,
+                user=request.user_info.username,
+            )
+            return reviews.deny(
+                request.uid, guarding.reserved_message(changed, username=request.user_info.username)
+            )
         return reviews.allow(request.uid)
 
     async def _create(self, request: Request, pod: dict[str, Any], *, budget_s: float) -> Answer:
@@ -100,10 +105,15 @@ class Admitter:
             own = {guarding.PLAN, guarding.PLAN_SIG} if note is not None else set()
             foreign = [k for k in guarding.reserved(annotations) if k not in own]
             if foreign:
-                _log.warning("reserved_annotation_set", uid=uid, keys=foreign,
-                             user=request.user_info.username)
-                return reviews.deny(uid, guarding.reserved_message(
-                    foreign, username=request.user_info.username))
+                _log.warning(
+                    "reserved_annotation_set",
+                    uid=uid,
+                    keys=foreign,
+                    user=request.user_info.username,
+                )
+                return reviews.deny(
+                    uid, guarding.reserved_message(foreign, username=request.user_info.username)
+                )
         if demand is None:
             return reviews.allow(uid)
         refusal = _privileged(pod, demand)
@@ -116,30 +126,49 @@ class Admitter:
             if isinstance(planned, Answer):
                 return planned
             note, warnings = plans.note_of(planned), _plan_warnings(planned)
-        values = plans.note_annotations(note, namespace=request.namespace, demand=demand,
-                                   key=self.keys()[0])
-        mutation = mutating.mutate(pod, demand=demand, note=note, plan_annotations=values,
-                                   choice=choice, ctx=self.ctx)
-        _log.info("admission_patched", uid=uid, vendor=note.vendor, model=note.model,
-                  devices=note.devices, ops=len(mutation.ops), dry_run=bool(request.dry_run))
+        values = plans.note_annotations(
+            note, namespace=request.namespace, demand=demand, key=self.keys()[0]
+        )
+        mutation = mutating.mutate(
+            pod, demand=demand, note=note, plan_annotations=values, choice=choice, ctx=self.ctx
+        )
+        _log.info(
+            "admission_patched",
+            uid=uid,
+            vendor=note.vendor,
+            model=note.model,
+            devices=note.devices,
+            ops=len(mutation.ops),
+            dry_run=bool(request.dry_run),
+        )
         return reviews.allow(uid, ops=mutation.ops, warnings=warnings + mutation.warnings)
 
     def _own_note(
-        self, request: Request, annotations: dict[str, str], demand: Demand | None, *,
+        self,
+        request: Request,
+        annotations: dict[str, str],
+        demand: Demand | None,
+        *,
         trusted: bool,
     ) -> plans.PlanNote | None:
         """The plan note HCS already put on this pod (reinvocation), if any."""
         if demand is None or PLAN not in annotations:
             return None
-        note = plans.verified(annotations, namespace=request.namespace, demand=demand,
-                              keys=self.keys())
+        note = plans.verified(
+            annotations, namespace=request.namespace, demand=demand, keys=self.keys()
+        )
         if note is None and trusted:
             note = plans.decode(annotations[PLAN])
         return note
 
     async def _plan(
-        self, request: Request, pod: dict[str, Any], demand: Demand,
-        choice: rebinding.Choice | None, *, budget_s: float,
+        self,
+        request: Request,
+        pod: dict[str, Any],
+        demand: Demand,
+        choice: rebinding.Choice | None,
+        *,
+        budget_s: float,
     ) -> Plan | Answer:
         policy = demand.policy
         if choice is not None:
@@ -158,8 +187,10 @@ class Admitter:
                 plan = await self.planner(plan_request, budget_s)
         except (BusTimeout, BusUnavailable, TimeoutError) as exc:
             return self._cannot_plan(
-                request.uid, f"the HCS placement service did not answer within {budget_s:g}s "
-                f"({exc.__class__.__name__})")
+                request.uid,
+                f"the HCS placement service did not answer within {budget_s:g}s "
+                f"({exc.__class__.__name__})",
+            )
         except BadMessage as exc:
             return self._cannot_plan(
                 request.uid, f"the HCS placement service answered badly: {exc}"
@@ -169,18 +200,21 @@ class Admitter:
             return reviews.deny(request.uid, refusal(plan))
         if not plan.vendor or not plan.model or plan.devices < 1:
             return self._cannot_plan(
-                request.uid, "the HCS placement service sent an incomplete plan "
-                f"({plan.vendor}/{plan.model} x{plan.devices})"
+                request.uid,
+                "the HCS placement service sent an incomplete plan "
+                f"({plan.vendor}/{plan.model} x{plan.devices})",
             )
         return plan
 
     def _cannot_plan(self, uid: str, why: str) -> Answer:
         _log.warning("plan_unavailable", uid=uid, why=why, policy=self.settings.failure_policy)
         if self.settings.failure_policy == "fail-open":
-            return reviews.allow(uid, warnings=[
-                f"hcs: admitted WITHOUT accelerator injection (fail-open): {why}"])
-        return reviews.deny(uid, f"{why}; pod not admitted (failure policy fail-closed), "
-                            "retry shortly", code=503)
+            return reviews.allow(
+                uid, warnings=[f"hcs: admitted WITHOUT accelerator injection (fail-open): {why}"]
+            )
+        return reviews.deny(
+            uid, f"{why}; pod not admitted (failure policy fail-closed), retry shortly", code=503
+        )
 
 
 def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
@@ -203,8 +237,10 @@ def _privileged(pod: dict[str, Any], demand: Demand) -> str | None:
     names = guarding.privileged(chosen)
     if not names:
         return None
-    return (f"privileged containers cannot request ai.compute/* devices (they see every device "
-            f"on the node): {', '.join(names)}")
+    return (
+        f"privileged containers cannot request ai.compute/* devices (they see every device "
+        f"on the node): {', '.join(names)}"
+    )
 
 
 def refusal(plan: Plan) -> str:

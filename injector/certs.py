@@ -83,8 +83,12 @@ def make_dev_certs(
 
 
 def _builder(
-    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, *,
-    now: dt.datetime, days: int,
+    subject: x509.Name,
+    issuer: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    *,
+    now: dt.datetime,
+    days: int,
 ) -> x509.CertificateBuilder:
     return (
         x509.CertificateBuilder()
@@ -99,9 +103,15 @@ def _builder(
 
 def _usage(*, ca: bool) -> x509.KeyUsage:
     return x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=not ca,
-        data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
-        encipher_only=False, decipher_only=False,
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=not ca,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
     )
 
 

@@ -132,8 +132,10 @@ def _pod_requests(asked: list[tuple[ContainerRef, dict[str, Decimal]]]) -> Reque
                 regular[key] = regular.get(key, Decimal(0)) + amount
             else:
                 init[key] = max(init.get(key, Decimal(0)), amount)
-    total = {key: max(regular.get(key, Decimal(0)), init.get(key, Decimal(0)))
-             for key in set(regular) | set(init)}
+    total = {
+        key: max(regular.get(key, Decimal(0)), init.get(key, Decimal(0)))
+        for key in set(regular) | set(init)
+    }
     values: dict[str, Any] = {}
     for key, amount in total.items():
         field = FIELDS[key]

@@ -44,9 +44,7 @@ def reserved(annotations: Mapping[str, Any] | None) -> list[str]:
     return sorted(key for key in annotations if is_reserved(key))
 
 
-def reserved_changes(
-    new: Mapping[str, Any] | None, old: Mapping[str, Any] | None
-) -> list[str]:
+def reserved_changes(new: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> list[str]:
     """Reserved keys added, removed or changed between ``old`` and ``new``."""
     new = new or {}
     old = old or {}

@@ -153,8 +153,13 @@ def _rebinds(
             continue  # init containers keep their images: they prepare, the main one runs
         try:
             out[ref] = rebinding.rebind(
-                ref, found[(ref.field, ref.index)], choice=choice, vendor=note.vendor,
-                devices=note.devices, config=config, init_names=init_names,
+                ref,
+                found[(ref.field, ref.index)],
+                choice=choice,
+                vendor=note.vendor,
+                devices=note.devices,
+                config=config,
+                init_names=init_names,
             )
         except KeyError as exc:
             raise MutationError(f"no rebinding build for vendor {note.vendor}: {exc}") from exc
@@ -163,12 +168,13 @@ def _rebinds(
 
 def _volumes(runtime: VendorRuntime, ctx: Context) -> list[dict[str, Any]]:
     volumes = [
-        {"name": m.name, "hostPath": {"path": m.host_path, "type": m.type}}
-        for m in runtime.mounts
+        {"name": m.name, "hostPath": {"path": m.host_path, "type": m.type}} for m in runtime.mounts
     ]
     volumes.append(
-        {"name": INTERCEPTOR_VOLUME,
-         "hostPath": {"path": ctx.interceptor_host_path, "type": "Directory"}}
+        {
+            "name": INTERCEPTOR_VOLUME,
+            "hostPath": {"path": ctx.interceptor_host_path, "type": "Directory"},
+        }
     )
     limit = ctx.runtimes.interceptor.shm_size_limit
     volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": limit}})
@@ -195,18 +201,21 @@ def _same_source(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 
 def _mounts(runtime: VendorRuntime, interceptor: Interceptor) -> list[dict[str, Any]]:
-    mounts = [
-        {"name": m.name, "mountPath": m.mount_path, "readOnly": True} for m in runtime.mounts
-    ]
-    mounts.append({"name": INTERCEPTOR_VOLUME, "mountPath": interceptor.mount_path,
-                   "readOnly": True})
+    mounts = [{"name": m.name, "mountPath": m.mount_path, "readOnly": True} for m in runtime.mounts]
+    mounts.append(
+        {"name": INTERCEPTOR_VOLUME, "mountPath": interceptor.mount_path, "readOnly": True}
+    )
     mounts.append({"name": SHM_VOLUME, "mountPath": interceptor.shm_dir})
     return mounts
 
 
 def _add_mounts(
-    patch: Patch, base: str, container: Mapping[str, Any], mounts: list[dict[str, Any]],
-    *, ref: ContainerRef,
+    patch: Patch,
+    base: str,
+    container: Mapping[str, Any],
+    mounts: list[dict[str, Any]],
+    *,
+    ref: ContainerRef,
 ) -> None:
     existing = container.get("volumeMounts")
     at = {m.get("mountPath"): m.get("name") for m in existing or [] if isinstance(m, dict)}
@@ -245,7 +254,10 @@ def _wanted_env(runtime: VendorRuntime, runtimes: Runtimes) -> list[dict[str, An
 
 
 def _env(
-    patch: Patch, base: str, container: Mapping[str, Any], wanted: list[dict[str, Any]],
+    patch: Patch,
+    base: str,
+    container: Mapping[str, Any],
+    wanted: list[dict[str, Any]],
     warnings: list[str],
 ) -> None:
     existing = container.get("env")

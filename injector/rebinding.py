@@ -134,7 +134,7 @@ def choose(annotations: Mapping[str, str], config: Rebinding) -> Choice | None:
     params = dict(config.engines[engine].params) if engine else {}
     for key, value in annotations.items():
         if key.startswith(ENGINE_PARAM):
-            name = key[len(ENGINE_PARAM):]
+            name = key[len(ENGINE_PARAM) :]
             if engine is None or name not in params:
                 raise PodError(f"{key}: no such parameter of engine {engine or '(none)'}")
             params[name] = value

@@ -80,8 +80,10 @@ class Injector:
             interceptor_host_path=conf.interceptor_host_path,
         )
         self.admitter = Admitter(
-            settings=conf, planner=planner or bus_planner(bus),  # type: ignore[arg-type]
-            ctx=ctx, keys=self._keys,
+            settings=conf,
+            planner=planner or bus_planner(bus),  # type: ignore[arg-type]
+            ctx=ctx,
+            keys=self._keys,
         )
         self.runner: web.AppRunner | None = None
         self._watch: asyncio.Task[Any] | None = None
@@ -135,8 +137,9 @@ class Injector:
         answer = await self._answer(request)
         LATENCY.record(loop.time() - started, {"result": answer.result})
         ADMISSIONS.add(1, {"result": answer.result})
-        return web.Response(status=answer.status, body=answer.body,
-                            content_type=answer.content_type)
+        return web.Response(
+            status=answer.status, body=answer.body, content_type=answer.content_type
+        )
 
     async def _answer(self, request: web.Request) -> Answer:
         limit = self.settings.injector.max_body_bytes
@@ -148,8 +151,12 @@ class Injector:
         except web.HTTPRequestEntityTooLarge:
             return _too_large(None, limit)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
-            return Answer(400, f"truncated or unreadable body: {exc!r}\n".encode(),
-                          "bad_request", "text/plain")
+            return Answer(
+                400,
+                f"truncated or unreadable body: {exc!r}\n".encode(),
+                "bad_request",
+                "text/plain",
+            )
         return await self.admitter.admit(body, budget_s=self.budget_s(request))
 
     async def _healthz(self, request: web.Request) -> web.Response:
@@ -166,12 +173,16 @@ class Injector:
 
 def _too_large(length: int | None, limit: int) -> Answer:
     size = f"{length} bytes" if length is not None else "the body"
-    return Answer(413, f"{size} exceeds max_body_bytes ({limit})\n".encode(),
-                  "too_large", "text/plain")
+    return Answer(
+        413, f"{size} exceeds max_body_bytes ({limit})\n".encode(), "too_large", "text/plain"
+    )
 
 
 async def serve(
-    bus: Bus | None, settings: Settings, *, ssl_context: ssl.SSLContext | None = None,
+    bus: Bus | None,
+    settings: Settings,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
     planner: Planner | None = None,
 ) -> Injector:
     """Start the webhook; the caller ``await injector.stop()``s it."""

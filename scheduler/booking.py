@@ -91,8 +91,11 @@ def expired(doc: NodeReservations, *, now: float, ttl_s: float) -> list[Reservat
 
 
 def _same_pod(a: PodRef, b: PodRef) -> bool:
-    return a.namespace == b.namespace and a.name == b.name and (not a.uid or not b.uid or
-                                                                 a.uid == b.uid)
+    return (
+        a.namespace == b.namespace
+        and a.name == b.name
+        and (not a.uid or not b.uid or a.uid == b.uid)
+    )
 
 
 class Booker:
@@ -194,8 +197,15 @@ class Booker:
         )
         acu = demand.acu_per_device * demand.devices
         return Reservation(
-            pod=pod.ref, devices=slices, state="reserved", time_s=self.clock(),
-            vendor=demand.vendor, model=demand.model, acu=acu, job=pod.job, priority=pod.priority,
+            pod=pod.ref,
+            devices=slices,
+            state="reserved",
+            time_s=self.clock(),
+            vendor=demand.vendor,
+            model=demand.model,
+            acu=acu,
+            job=pod.job,
+            priority=pod.priority,
         )
 
     async def _post_binding(
@@ -210,7 +220,10 @@ class Booker:
             return "no cluster: Binding not posted"
         try:
             await self.kube.bind_pod(
-                pod.ref.namespace, pod.ref.name, uid=pod.ref.uid, node=node,
+                pod.ref.namespace,
+                pod.ref.name,
+                uid=pod.ref.uid,
+                node=node,
                 annotations=annotations,
             )
         except Exception as exc:  # every Kube* error, and the unexpected
@@ -272,8 +285,9 @@ class Booker:
                 continue
             for stuck in expired(doc, now=now, ttl_s=ttl_s):
                 _log.warning("reservation_expired", node=name, pod=stuck.pod.name, ttl_s=ttl_s)
-                if await self.release(stuck.pod, reason=f"reserved > {ttl_s}s", state="expired",
-                                      node=name):
+                if await self.release(
+                    stuck.pod, reason=f"reserved > {ttl_s}s", state="expired", node=name
+                ):
                     count += 1
         return count
 
@@ -286,8 +300,9 @@ class Booker:
             if kept == held.doc.reservations:
                 return
             try:
-                await self.write(node, NodeReservations(node=node, reservations=kept),
-                                 revision=held.revision)
+                await self.write(
+                    node, NodeReservations(node=node, reservations=kept), revision=held.revision
+                )
                 return
             except CasConflict:
                 await _backoff(attempt)
@@ -298,8 +313,16 @@ class Booker:
         self, node: str, r: Reservation, *, state: AllocState, reason: str
     ) -> AllocationEvent:
         event = AllocationEvent(
-            node=node, pod=r.pod, state=state, time_s=self.clock(), devices=r.devices,
-            vendor=r.vendor, model=r.model, acu=r.acu, job=r.job, priority=r.priority,
+            node=node,
+            pod=r.pod,
+            state=state,
+            time_s=self.clock(),
+            devices=r.devices,
+            vendor=r.vendor,
+            model=r.model,
+            acu=r.acu,
+            job=r.job,
+            priority=r.priority,
             reason=reason,
         )
         msg_id = f"alloc:{node}:{r.pod.namespace}/{r.pod.name}:{r.pod.uid}:{r.time_s}:{state}"

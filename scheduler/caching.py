@@ -25,8 +25,9 @@ class Entry:
 class DemandCache:
     """Fit, reasons and pre-encoded scores of every node seen, for one demand."""
 
-    def __init__(self, demand: PlanAnnotation, *, state: ClusterState,
-                 weights: placing.Weights) -> None:
+    def __init__(
+        self, demand: PlanAnnotation, *, state: ClusterState, weights: placing.Weights
+    ) -> None:
         self.demand, self.state, self.weights = demand, state, weights
         self.entries: dict[str, Entry] = {}
         self.ok: set[str] = set()
@@ -55,8 +56,7 @@ class DemandCache:
         parts = placing.components(node, fit, self.demand) if fit.ok and node else None
         score = 0
         if parts is not None:
-            score = placing.node_score(parts, weights=self.weights, best_gbps=0.0,
-                                       job_groups=None)
+            score = placing.node_score(parts, weights=self.weights, best_gbps=0.0, job_groups=None)
             self.ok.add(name)
         elif fit.unresolvable:
             self.unresolvable[name] = fit.reason
@@ -93,8 +93,11 @@ class DemandCache:
         return [
             wire.HostPriority(
                 host=name,
-                score=placing.node_score(p, weights=self.weights, best_gbps=best,
-                                         job_groups=job_groups) if p is not None else 0,
+                score=placing.node_score(
+                    p, weights=self.weights, best_gbps=best, job_groups=job_groups
+                )
+                if p is not None
+                else 0,
             )
             for name, p in zip(names, parts, strict=True)
         ]

@@ -40,10 +40,16 @@ def _quota(plan: Plan) -> str:
     if q.vram_mib_hard is None and q.acu_hard is None:
         used = f"{format_mib(q.vram_mib_used)}, {q.acu_used:g} ACU"
         return f"  quota: none set (namespace uses {used})"
-    vram = f"{format_mib(q.vram_mib_used)} of {format_mib(q.vram_mib_hard)}" if (
-        q.vram_mib_hard is not None) else f"{format_mib(q.vram_mib_used)} (no limit)"
-    acu = f"{q.acu_used:g} of {q.acu_hard:g} ACU" if q.acu_hard is not None else (
-        f"{q.acu_used:g} ACU (no limit)")
+    vram = (
+        f"{format_mib(q.vram_mib_used)} of {format_mib(q.vram_mib_hard)}"
+        if (q.vram_mib_hard is not None)
+        else f"{format_mib(q.vram_mib_used)} (no limit)"
+    )
+    acu = (
+        f"{q.acu_used:g} of {q.acu_hard:g} ACU"
+        if q.acu_hard is not None
+        else (f"{q.acu_used:g} ACU (no limit)")
+    )
     state = "ok" if q.ok else f"EXCEEDED — {q.reason}"
     return f"  quota: {state}; VRAM {vram}; {acu}"
 

@@ -119,8 +119,11 @@ class Extender:
                 node_names=passed, failed=failed, unresolvable=unresolvable
             )
         keep = set(passed)
-        items = [raw for raw, name in zip(args.nodes.items, wire.node_names(args), strict=True)
-                 if name in keep]
+        items = [
+            raw
+            for raw, name in zip(args.nodes.items, wire.node_names(args), strict=True)
+            if name in keep
+        ]
         nodes = wire.NodeList(items=items, metadata=args.nodes.metadata)
         return wire.ExtenderFilterResult(nodes=nodes, failed=failed, unresolvable=unresolvable)
 
@@ -188,13 +191,18 @@ class Extender:
                 continue
             already = {p.uid for p in victims.pods}
             extra = placing.victims_for(
-                node, self.view.state.reservations_of(name), demand,
-                priority=pod.priority, already=already,
+                node,
+                self.view.state.reservations_of(name),
+                demand,
+                priority=pod.priority,
+                already=already,
             )
             if extra is None:
                 continue
-            pods = [*victims.pods, *(wire.MetaPod(uid=r.pod.uid) for r in extra
-                                     if r.pod.uid not in already)]
+            pods = [
+                *victims.pods,
+                *(wire.MetaPod(uid=r.pod.uid) for r in extra if r.pod.uid not in already),
+            ]
             out[name] = wire.MetaVictims(pods=pods, pdb_violations=victims.pdb_violations)
         return wire.ExtenderPreemptionResult(meta_victims=out)
 

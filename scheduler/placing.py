@@ -292,8 +292,9 @@ def _fits_without(
     node: NodeView, keep: list[Reservation], victims: list[Reservation], demand: Demand
 ) -> bool:
     gone = {id(v) for v in victims}
-    return check_node(booked(node, _doc(node.name, (r for r in keep if id(r) not in gone))),
-                      demand).ok
+    return check_node(
+        booked(node, _doc(node.name, (r for r in keep if id(r) not in gone))), demand
+    ).ok
 
 
 def _trim(

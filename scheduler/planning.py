@@ -301,8 +301,11 @@ def _plan_named(
     if (ranked and ranked[0].room) or request.policy.substitution == "deny":
         rejected += [_not_named(c, names) for c in others]
         if not ranked:
-            return _refused(request, rejected, f"no class named by policy.models "
-                            f"({', '.join(names)}) can serve this request")
+            return _refused(
+                request,
+                rejected,
+                f"no class named by policy.models ({', '.join(names)}) can serve this request",
+            )
         rejected += [_outranked(c, ranked[0]) for c in ranked[1:]]
         return _finish(request, ranked[0], rejected, summary, quota)
     return _substitute(request, ranked, others, rejected, summary, profiles, quota)
@@ -340,11 +343,17 @@ def _substitute(
     rejected += [_outranked(c, best) for c, _ in rest]
     src = source.key if source is not None else ""
     if request.policy.substitution == "ask":
-        offer = Offer(vendor=best.stats.vendor, model=best.stats.model,
-                      devices=best.sizing.devices,
-                      vram_mib_per_device=best.sizing.vram_mib_per_device, arithmetic=arithmetic)
-        reason = (f"{src} is exhausted; substitution is 'ask': would offer "
-                  f"{best.sizing.devices} × {best.stats.key} ({arithmetic})")
+        offer = Offer(
+            vendor=best.stats.vendor,
+            model=best.stats.model,
+            devices=best.sizing.devices,
+            vram_mib_per_device=best.sizing.vram_mib_per_device,
+            arithmetic=arithmetic,
+        )
+        reason = (
+            f"{src} is exhausted; substitution is 'ask': would offer "
+            f"{best.sizing.devices} × {best.stats.key} ({arithmetic})"
+        )
         return Plan(ok=False, reason=reason, rejected=tuple(rejected), offer=offer)
     done = _finish(request, best, rejected, summary, quota)
     note = f"substituted for exhausted {src}: {arithmetic}"
@@ -370,15 +379,17 @@ def _convert(request: PlanRequest, source: Profile, cand: _Candidate, target: Pr
     """The arithmetic behind a substitution; whole-device requests are
     converted device for device by ACU and VRAM (``profiles.equivalent``)."""
     req = request.requests
-    src_stats = ClassStats(vendor=source.vendor, model=source.model,
-                           vram_mib=source.vram_mib, acu=source.acu)
+    src_stats = ClassStats(
+        vendor=source.vendor, model=source.model, vram_mib=source.vram_mib, acu=source.acu
+    )
     src_size = size(req, src_stats, source)
     if isinstance(src_size, Sizing) and src_size.whole:
         conversion = equivalent(source, src_size.devices, target)
         devices = max(conversion.devices, cand.sizing.devices)
         waste = devices / conversion.exact - 1.0 if conversion.exact > 0 else 0.0
-        cand.sizing = Sizing(devices, cand.stats.vram_mib, True, cand.stats.acu, waste,
-                             conversion.arithmetic)
+        cand.sizing = Sizing(
+            devices, cand.stats.vram_mib, True, cand.stats.acu, waste, conversion.arithmetic
+        )
         return conversion.arithmetic
     return cand.sizing.arithmetic + f" on {target.key}"
 

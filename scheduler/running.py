@@ -105,11 +105,13 @@ async def run(
     ckpt = await bus.js.key_value(streams.KV_CKPT)
     booker = Booker(bus, kv=kv, ckpt=ckpt, state=view.state, kube=kube, replica=replica)
     quotas = QuotaSource(kube=kube, file=cfg.quota_file)
-    planner = Planner(view.state, profiles=profiles or profile_db(), quotas=quotas,
-                      max_age_s=summary_max_age_s)
+    planner = Planner(
+        view.state, profiles=profiles or profile_db(), quotas=quotas, max_age_s=summary_max_age_s
+    )
     view.listeners.append(planner.changed)
-    extender = Extender(view, planner=planner, booker=booker, kube=kube,
-                        weights=placing.Weights.from_settings(cfg))
+    extender = Extender(
+        view, planner=planner, booker=booker, kube=kube, weights=placing.Weights.from_settings(cfg)
+    )
     await view.start()
     service = PlanService(bus, planner=planner, booker=booker)
     await service.start()

@@ -63,15 +63,20 @@ class Planner:
             return pod.annotation
         assert pod.requests is not None
         request = PlanRequest(
-            namespace=pod.ref.namespace, requests=pod.requests, policy=pod.policy,
+            namespace=pod.ref.namespace,
+            requests=pod.requests,
+            policy=pod.policy,
             pod_name=pod.ref.name,
         )
         found = await self.plan(request)
         if not found.ok:
             return f"hcs: no plan for {pod.ref.namespace}/{pod.ref.name}: {found.reason}"
         return PlanAnnotation(
-            vendor=found.vendor, model=found.model, devices=found.devices,
-            vram_mib_per_device=found.vram_mib_per_device, whole_device=found.whole_device,
+            vendor=found.vendor,
+            model=found.model,
+            devices=found.devices,
+            vram_mib_per_device=found.vram_mib_per_device,
+            whole_device=found.whole_device,
             acu_per_device=found.acu_per_device,
         )
 
@@ -86,11 +91,17 @@ class PlanService:
     async def start(self) -> None:
         self._subs = [
             await self.bus.serve(
-                subjects.PLACE, PlanRequest, self._place, queue=subjects.PLACE_QUEUE,
+                subjects.PLACE,
+                PlanRequest,
+                self._place,
+                queue=subjects.PLACE_QUEUE,
                 on_bad=lambda reason: Plan(ok=False, reason=reason),
             ),
             await self.bus.serve(
-                subjects.RELEASE, ReleaseRequest, self._release, queue=subjects.PLACE_QUEUE,
+                subjects.RELEASE,
+                ReleaseRequest,
+                self._release,
+                queue=subjects.PLACE_QUEUE,
                 on_bad=_bad_release,
             ),
         ]
@@ -110,14 +121,20 @@ class PlanService:
     async def _release(self, request: ReleaseRequest) -> AllocationEvent:
         event = await self.booker.release(request.pod, reason=request.reason or "release request")
         if event is None:
-            return AllocationEvent(node="", pod=request.pod, state="released", time_s=0.0,
-                                   reason="no reservation held for this pod")
+            return AllocationEvent(
+                node="",
+                pod=request.pod,
+                state="released",
+                time_s=0.0,
+                reason="no reservation held for this pod",
+            )
         return event
 
 
 def _bad_release(reason: str) -> AllocationEvent:
-    return AllocationEvent(node="", pod=PodRef(namespace="", name=""), state="released",
-                           time_s=0.0, reason=reason)
+    return AllocationEvent(
+        node="", pod=PodRef(namespace="", name=""), state="released", time_s=0.0, reason=reason
+    )
 
 
 async def ask_plan(bus: Bus, request: PlanRequest, *, timeout_s: float) -> Plan:

@@ -28,7 +28,8 @@ def release_reason(kind: str, pod: dict[str, Any]) -> str | None:
 def pod_ref(pod: dict[str, Any]) -> PodRef:
     meta = pod.get("metadata") or {}
     return PodRef(
-        namespace=meta.get("namespace", "default"), name=meta.get("name", ""),
+        namespace=meta.get("namespace", "default"),
+        name=meta.get("name", ""),
         uid=meta.get("uid", ""),
     )
 
@@ -53,8 +54,7 @@ async def on_pod_event(booker: Booker, kind: str, pod: dict[str, Any]) -> bool:
         return False
     event = await booker.release(ref, reason=reason)
     if event is not None:
-        _log.info("released", pod=ref.name, namespace=ref.namespace, node=event.node,
-                  reason=reason)
+        _log.info("released", pod=ref.name, namespace=ref.namespace, node=event.node, reason=reason)
     return event is not None
 
 

@@ -234,5 +234,6 @@ def test_a_generated_nkey_seed_yields_a_user_public_key(tmp_path: object) -> Non
     public = permissions.public_key(seed)
     assert seed.startswith("SU") and len(seed) == 58
     assert public.startswith("U") and len(public) == 56 and public.isalnum()
+    flipped = seed[:10] + ("A" if seed[10] != "A" else "B") + seed[11:]
     with pytest.raises(ValueError, match="seed"):
-        permissions.public_key(seed[:-1] + ("A" if seed[-1] != "A" else "B"))
+        permissions.public_key(flipped)  # the checksum no longer matches

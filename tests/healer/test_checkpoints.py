@@ -22,15 +22,38 @@ def _write(root: Path, rel: str, text: str = "x") -> None:
 
 
 LAYOUTS = {
-    "hf": ({"checkpoint-500/model.safetensors": "w", "checkpoint-500/trainer_state.json": "{}",
-            "checkpoint-900/model.safetensors": "w"}, 500, "checkpoint-500"),
-    "deepspeed": ({"latest": "global_step300", "global_step300/mp_rank_00_model_states.pt": "w",
-                   "global_step400/mp_rank_00_model_states.pt": "w"}, 300, "global_step300"),
-    "megatron": ({"latest_checkpointed_iteration.txt": "2000",
-                  "iter_0002000/mp_rank_00/model_optim_rng.pt": "w",
-                  "iter_0003000/mp_rank_00/model_optim_rng.pt": "w"}, 2000, "iter_0002000"),
-    "dcp": ({"step-70/.metadata": "m", "step-70/__0_0.distcp": "w",
-             "step-80/__0_0.distcp": "w"}, 70, "step-70"),
+    "hf": (
+        {
+            "checkpoint-500/model.safetensors": "w",
+            "checkpoint-500/trainer_state.json": "{}",
+            "checkpoint-900/model.safetensors": "w",
+        },
+        500,
+        "checkpoint-500",
+    ),
+    "deepspeed": (
+        {
+            "latest": "global_step300",
+            "global_step300/mp_rank_00_model_states.pt": "w",
+            "global_step400/mp_rank_00_model_states.pt": "w",
+        },
+        300,
+        "global_step300",
+    ),
+    "megatron": (
+        {
+            "latest_checkpointed_iteration.txt": "2000",
+            "iter_0002000/mp_rank_00/model_optim_rng.pt": "w",
+            "iter_0003000/mp_rank_00/model_optim_rng.pt": "w",
+        },
+        2000,
+        "iter_0002000",
+    ),
+    "dcp": (
+        {"step-70/.metadata": "m", "step-70/__0_0.distcp": "w", "step-80/__0_0.distcp": "w"},
+        70,
+        "step-70",
+    ),
     "lightning": ({"last.ckpt": "w", "epoch=3-step=1200.ckpt": "w"}, 1200, "last.ckpt"),
 }
 
@@ -50,9 +73,13 @@ def test_each_layout_is_detected_and_incomplete_ones_ignored(
 
 @pytest.mark.parametrize(
     "files",
-    [{"checkpoint-5/model.safetensors": "w"}, {"latest": "global_step9"},
-     {"latest_checkpointed_iteration.txt": "10"}, {"step-3/__0_0.distcp": "w"},
-     {"last.ckpt": ""}],
+    [
+        {"checkpoint-5/model.safetensors": "w"},
+        {"latest": "global_step9"},
+        {"latest_checkpointed_iteration.txt": "10"},
+        {"step-3/__0_0.distcp": "w"},
+        {"last.ckpt": ""},
+    ],
 )
 def test_incomplete_checkpoints_are_ignored(files: dict[str, str], tmp_path: Path) -> None:
     for rel, text in files.items():
@@ -63,8 +90,9 @@ def test_incomplete_checkpoints_are_ignored(files: dict[str, str], tmp_path: Pat
 async def test_report_puts_the_latest_checkpoint_in_kv(bus: Bus) -> None:
     assert await checkpoint.latest(bus, namespace="ml", job="llama") is None
     await checkpoint.report(bus, namespace="ml", job="llama", uri="s3://b/c-10", step=10)
-    await checkpoint.report(bus, namespace="ml", job="llama", uri="s3://b/c-20", step=20,
-                            framework="hf")
+    await checkpoint.report(
+        bus, namespace="ml", job="llama", uri="s3://b/c-20", step=20, framework="hf"
+    )
     got = await checkpoint.latest(bus, namespace="ml", job="llama")
     assert got is not None and (got.uri, got.step, got.framework) == ("s3://b/c-20", 20, "hf")
 

@@ -40,22 +40,41 @@ async def wait_until(cond: Callable[[], bool], *, timeout_s: float = 10.0) -> No
 async def make(bus: Bus) -> AsyncIterator[Make]:
     made: list[Healer] = []
 
-    async def build(kube: Kube | None, *, dry_run: bool = False, identity: str = "h1",
-                    durable: str | None = None, fraction: float = 0.5, stale_s: float = 60.0,
-                    ) -> Healer:
+    async def build(
+        kube: Kube | None,
+        *,
+        dry_run: bool = False,
+        identity: str = "h1",
+        durable: str | None = None,
+        fraction: float = 0.5,
+        stale_s: float = 60.0,
+    ) -> Healer:
         settings = HealerSettings(
-            dry_run=dry_run, degraded_window_s=0.3, recovery_window_s=0.6,
-            checkpoint_wait_s=5.0, breaker_max_fraction=fraction, retry_period_s=0.1,
-            renew_deadline_s=1.0, lease_duration_s=1.5,
+            dry_run=dry_run,
+            degraded_window_s=0.3,
+            recovery_window_s=0.6,
+            checkpoint_wait_s=5.0,
+            breaker_max_fraction=fraction,
+            retry_period_s=0.1,
+            renew_deadline_s=1.0,
+            lease_duration_s=1.5,
         )
         rule_set = msgspec.structs.replace(
             rules.load(degraded_window_s=0.3, recovery_window_s=0.6),
-            min_change_interval_s=0.05, node_stale_s=stale_s,
+            min_change_interval_s=0.05,
+            node_stale_s=stale_s,
         )
-        actor = Actor(bus=bus, kube=kube, dry_run=dry_run, retry_initial_s=0.05,
-                      retry_max_s=0.2)
-        healer = Healer(bus, kube, settings, identity=identity, rule_set=rule_set, actor=actor,
-                        durable=durable or f"t-{uuid.uuid4().hex[:8]}", telemetry_every_s=0.05)
+        actor = Actor(bus=bus, kube=kube, dry_run=dry_run, retry_initial_s=0.05, retry_max_s=0.2)
+        healer = Healer(
+            bus,
+            kube,
+            settings,
+            identity=identity,
+            rule_set=rule_set,
+            actor=actor,
+            durable=durable or f"t-{uuid.uuid4().hex[:8]}",
+            telemetry_every_s=0.05,
+        )
         await healer.start()
         made.append(healer)
         return healer
@@ -165,17 +184,24 @@ async def test_dry_run_publishes_the_actions_and_calls_no_api(
     healer = await make(kube, dry_run=True)
     await ready(healer)
     events, sub = await collect(bus, subjects.health("n1"))
-    await publish(bus, health("n1", kind="device_lost", device=0, severity="fatal"),
-                  subjects.health("n1"))
-    await wait_until(lambda: {e["evidence"].get("action") for e in events
-                              if e["kind"] == "action"} >= {"taint", "evict"})
-    taint = next(e for e in events if e["kind"] == "action"
-                 and e["evidence"]["action"] == "taint")
+    await publish(
+        bus, health("n1", kind="device_lost", device=0, severity="fatal"), subjects.health("n1")
+    )
+    await wait_until(
+        lambda: (
+            {e["evidence"].get("action") for e in events if e["kind"] == "action"}
+            >= {"taint", "evict"}
+        )
+    )
+    taint = next(e for e in events if e["kind"] == "action" and e["evidence"]["action"] == "taint")
     assert taint["evidence"]["dry_run"] is True
     assert taint["evidence"]["taint"].endswith(":NoSchedule")
     assert taint["evidence"]["pods"] == "ml/p"
-    writes = [r for r in apiserver.requests if r.verb in ("patch", "create", "update")
-              and not r.resource.startswith("leases")]
+    writes = [
+        r
+        for r in apiserver.requests
+        if r.verb in ("patch", "create", "update") and not r.resource.startswith("leases")
+    ]
     assert writes == [] and our_taint(apiserver, "n1") is None
     await sub.unsubscribe()
 
@@ -187,8 +213,9 @@ async def test_without_a_cluster_the_single_healer_leads_and_publishes_verdicts(
     healer = await make(None, dry_run=True)
     await ready(healer)
     events, sub = await collect(bus, subjects.health("n1"))
-    await publish(bus, health("n1", kind="device_lost", device=0, severity="fatal"),
-                  subjects.health("n1"))
+    await publish(
+        bus, health("n1", kind="device_lost", device=0, severity="fatal"), subjects.health("n1")
+    )
     await wait_until(lambda: any(e["kind"] == "verdict" and e["device"] == 0 for e in events))
     verdict = next(e for e in events if e["kind"] == "verdict" and e["device"] == 0)
     assert verdict["verdict"] == "failed" and verdict["source"] == "healer"
@@ -301,8 +328,9 @@ async def test_unknown_kinds_are_counted_and_nothing_is_done(
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
     healer = await make(kube)
     await ready(healer)
-    event = HealthEvent(node="n1", kind="gremlins", severity="fatal", source="agent",
-                        time_s=1.0, device=0)
+    event = HealthEvent(
+        node="n1", kind="gremlins", severity="fatal", source="agent", time_s=1.0, device=0
+    )
     await publish(bus, event, subjects.health("n1"))
     await wait_until(lambda: healer.unknown == 1)
     assert our_taint(apiserver, "n1") is None

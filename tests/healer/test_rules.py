@@ -24,18 +24,29 @@ def test_every_fatal_xid_fails_the_device_at_once(code: int, small_rules: rules.
 
 @pytest.mark.parametrize(
     "kind,severity",
-    [("fallen_off_bus", "fatal"), ("device_lost", "fatal"), ("aer_fatal", "fatal"),
-     ("remap_failed", "critical"), ("nvlink_down", "critical"), ("ascend_fault", "critical")],
+    [
+        ("fallen_off_bus", "fatal"),
+        ("device_lost", "fatal"),
+        ("aer_fatal", "fatal"),
+        ("remap_failed", "critical"),
+        ("nvlink_down", "critical"),
+        ("ascend_fault", "critical"),
+    ],
 )
 def test_fatal_kinds_fail_the_device(kind: str, severity: str, small_rules: rules.Rules) -> None:
-    j = rules.judge(DeviceHistory("n1", 0), health(kind=kind, severity=severity), now=0.0,
-                    rules=small_rules)
+    j = rules.judge(
+        DeviceHistory("n1", 0), health(kind=kind, severity=severity), now=0.0, rules=small_rules
+    )
     assert j.verdict == "failed"
 
 
 def test_an_ascend_warning_is_not_fatal(small_rules: rules.Rules) -> None:
-    j = rules.judge(DeviceHistory("n1", 0), health(kind="ascend_fault", severity="warning"),
-                    now=0.0, rules=small_rules)
+    j = rules.judge(
+        DeviceHistory("n1", 0),
+        health(kind="ascend_fault", severity="warning"),
+        now=0.0,
+        rules=small_rules,
+    )
     assert j.verdict == "healthy" and j.health_score < 100
 
 
@@ -66,8 +77,10 @@ def test_xid_48_and_63_far_apart_do_not_fail(small_rules: rules.Rules) -> None:
 
 def test_an_xid_92_storm_fails_but_a_few_do_not(small_rules: rules.Rules) -> None:
     history = DeviceHistory("n1", 0)
-    verdicts = [rules.judge(history, health(code=92), now=float(i), rules=small_rules).verdict
-                for i in range(5)]
+    verdicts = [
+        rules.judge(history, health(code=92), now=float(i), rules=small_rules).verdict
+        for i in range(5)
+    ]
     assert verdicts == ["healthy"] * 4 + ["failed"]
 
 
@@ -81,35 +94,42 @@ def test_uncorrected_ecc_beyond_the_threshold_fails(small_rules: rules.Rules) ->
 def test_an_unknown_kind_is_counted_and_never_acted_on(small_rules: rules.Rules) -> None:
     history = DeviceHistory("n1", 0)
     for i in range(50):
-        j = rules.judge(history, health(kind="quantum_flux", severity="fatal"), now=float(i),
-                        rules=small_rules)
+        j = rules.judge(
+            history, health(kind="quantum_flux", severity="fatal"), now=float(i), rules=small_rules
+        )
     assert j.unknown and not j.changed and j.verdict == "healthy"
     assert history.unknown == 50
 
 
 def test_own_verdict_events_are_ignored(small_rules: rules.Rules) -> None:
     history = DeviceHistory("n1", 0)
-    j = rules.judge(history, health(kind="device_lost", source="healer"), now=0.0,
-                    rules=small_rules)
+    j = rules.judge(
+        history, health(kind="device_lost", source="healer"), now=0.0, rules=small_rules
+    )
     assert j.verdict == "healthy" and not history.events
 
 
 def test_telemetry_remap_failed_and_lost_devices_fail(small_rules: rules.Rules) -> None:
     a, b = DeviceHistory("n1", 0), DeviceHistory("n1", 1)
-    assert rules.judge(a, _sample(Telemetry(remap_failed=True)), now=0.0,
-                       rules=small_rules).verdict == "failed"
+    assert (
+        rules.judge(a, _sample(Telemetry(remap_failed=True)), now=0.0, rules=small_rules).verdict
+        == "failed"
+    )
     assert rules.judge(b, _sample(present=False), now=0.0, rules=small_rules).verdict == "failed"
     assert b.lost
 
 
-THROTTLED = Telemetry(throttle_reasons=("hw_slowdown",), temperature_c=60, power_w=200,
-                      power_limit_w=700)
+THROTTLED = Telemetry(
+    throttle_reasons=("hw_slowdown",), temperature_c=60, power_w=200, power_limit_w=700
+)
 
 
 def test_degraded_needs_the_sustained_window(small_rules: rules.Rules) -> None:
     history = DeviceHistory("n1", 0)
-    seen = [rules.judge(history, _sample(THROTTLED), now=float(t), rules=small_rules)
-            for t in range(0, 12)]
+    seen = [
+        rules.judge(history, _sample(THROTTLED), now=float(t), rules=small_rules)
+        for t in range(0, 12)
+    ]
     assert [j.verdict for j in seen[:10]] == ["healthy"] * 10
     assert seen[10].verdict == "degraded" and seen[10].changed
     assert seen[10].health_score <= 60
@@ -136,8 +156,10 @@ def test_recovery_needs_the_longer_window(small_rules: rules.Rules) -> None:
     for t in range(0, 11):
         rules.judge(history, _sample(THROTTLED), now=float(t), rules=small_rules)
     assert history.verdict == "degraded"
-    verdicts = [rules.judge(history, _sample(), now=float(t), rules=small_rules).verdict
-                for t in range(11, 45)]
+    verdicts = [
+        rules.judge(history, _sample(), now=float(t), rules=small_rules).verdict
+        for t in range(11, 45)
+    ]
     first_healthy = verdicts.index("healthy") + 11
     assert first_healthy - 11 >= 30  # recovery_window_s
 
@@ -147,8 +169,9 @@ def test_a_flapping_device_changes_verdict_rarely(small_rules: rules.Rules) -> N
     changes = 0
     for t in range(0, 3600):
         bad = (t // 12) % 2 == 0  # 12 s bad, 12 s good, for an hour
-        j = rules.judge(history, _sample(THROTTLED if bad else Telemetry()), now=float(t),
-                        rules=small_rules)
+        j = rules.judge(
+            history, _sample(THROTTLED if bad else Telemetry()), now=float(t), rules=small_rules
+        )
         changes += j.changed
     assert changes <= 2  # degraded once; never healthy long enough to recover
 
@@ -157,28 +180,35 @@ def test_a_device_slower_than_its_fleet_median_degrades(small_rules: rules.Rules
     history = DeviceHistory("n1", 0)
     slow = Telemetry(achieved_tflops_fp16=600.0, utilisation_pct=99)
     for t in range(0, 11):
-        j = rules.judge(history, _sample(slow, fleet_tflops_median=900.0), now=float(t),
-                        rules=small_rules)
+        j = rules.judge(
+            history, _sample(slow, fleet_tflops_median=900.0), now=float(t), rules=small_rules
+        )
     assert j.verdict == "degraded" and "median" in str(j.evidence["reason"])
     fine = DeviceHistory("n1", 1)
     for t in range(0, 20):
-        k = rules.judge(fine, _sample(Telemetry(achieved_tflops_fp16=850.0),
-                                      fleet_tflops_median=900.0), now=float(t), rules=small_rules)
+        k = rules.judge(
+            fine,
+            _sample(Telemetry(achieved_tflops_fp16=850.0), fleet_tflops_median=900.0),
+            now=float(t),
+            rules=small_rules,
+        )
     assert k.verdict == "healthy"
 
 
 def test_rising_corrected_ecc_degrades(small_rules: rules.Rules) -> None:
     history = DeviceHistory("n1", 0)
     for t in range(0, 25):
-        j = rules.judge(history, _sample(Telemetry(ecc_corrected=t * 10)), now=float(t),
-                        rules=small_rules)
+        j = rules.judge(
+            history, _sample(Telemetry(ecc_corrected=t * 10)), now=float(t), rules=small_rules
+        )
     assert j.verdict == "degraded"
 
 
 def test_warnings_lower_the_score_without_isolating(small_rules: rules.Rules) -> None:
     history = DeviceHistory("n1", 0)
-    j = rules.judge(history, health(kind="aer_correctable", severity="warning"), now=0.0,
-                    rules=small_rules)
+    j = rules.judge(
+        history, health(kind="aer_correctable", severity="warning"), now=0.0, rules=small_rules
+    )
     assert j.verdict == "healthy" and 60 < j.health_score < 100
 
 

@@ -25,8 +25,13 @@ from injector.serving import Injector
 
 FIXTURES = Path(__file__).with_name("fixtures")
 A100_PLAN = Plan(
-    ok=True, vendor="nvidia", model="A100-80G", models=("A100-80G",), devices=2,
-    vram_mib_per_device=16384, acu_per_device=100.0,
+    ok=True,
+    vendor="nvidia",
+    model="A100-80G",
+    models=("A100-80G",),
+    devices=2,
+    vram_mib_per_device=16384,
+    acu_per_device=100.0,
 )
 HCS_SA = "system:serviceaccount:hcs-system:hcs-scheduler"
 
@@ -91,7 +96,10 @@ class Responder:
 async def responder(bus: Bus) -> AsyncIterator[Responder]:
     found = Responder()
     sub = await bus.serve(
-        subjects.PLACE, PlanRequest, found.handle, queue=subjects.PLACE_QUEUE,
+        subjects.PLACE,
+        PlanRequest,
+        found.handle,
+        queue=subjects.PLACE_QUEUE,
         on_bad=lambda reason: Plan(ok=False, reason=reason),
     )
     await bus.nc.flush()
@@ -105,8 +113,13 @@ def certs(tmp_path: Path) -> DevCerts:
 
 
 def injector_settings(certs: DevCerts, **fields: Any) -> Settings:
-    base = {"host": "127.0.0.1", "port": 0, "cert_file": str(certs.cert_file),
-            "key_file": str(certs.key_file), "plan_timeout_s": 0.5}
+    base = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "cert_file": str(certs.cert_file),
+        "key_file": str(certs.key_file),
+        "plan_timeout_s": 0.5,
+    }
     return replace(Settings(), injector={**base, **fields})
 
 
@@ -142,9 +155,7 @@ def client_ssl(certs: DevCerts) -> ssl.SSLContext:
 
 
 @pytest.fixture
-def webhook_factory(
-    bus: Bus, certs: DevCerts
-) -> Callable[..., Any]:
+def webhook_factory(bus: Bus, certs: DevCerts) -> Callable[..., Any]:
     """``async with webhook_factory(**injector_fields) as hook``."""
 
     class _Running:
@@ -152,8 +163,9 @@ def webhook_factory(
             self.fields = fields
 
         async def __aenter__(self) -> Webhook:
-            self.injector = Injector(bus, injector_settings(certs, **self.fields),
-                                     reload_interval_s=0.05)
+            self.injector = Injector(
+                bus, injector_settings(certs, **self.fields), reload_interval_s=0.05
+            )
             await self.injector.start()
             connector = aiohttp.TCPConnector(ssl=client_ssl(certs))
             self.session = aiohttp.ClientSession(connector=connector)

@@ -17,7 +17,8 @@ def test_pointer_escapes_slash_and_tilde_and_jsonpatch_agrees() -> None:
     patch = Patch()
     patch.set_key("/metadata/annotations", {}, "hcs.io/a~b", "v")
     assert jsonpatch.apply_patch({"metadata": {"annotations": {}}}, patch.ops) == {
-        "metadata": {"annotations": {"hcs.io/a~b": "v"}}}
+        "metadata": {"annotations": {"hcs.io/a~b": "v"}}
+    }
 
 
 def test_patch_creates_missing_parents_instead_of_appending_to_nothing() -> None:
@@ -25,8 +26,10 @@ def test_patch_creates_missing_parents_instead_of_appending_to_nothing() -> None
     patch.append_all("/spec/volumes", None, [{"name": "a"}, {"name": "b"}])
     patch.set_key("/metadata/annotations", None, "hcs.io/plan", "{}")
     doc = jsonpatch.apply_patch({"metadata": {}, "spec": {}}, patch.ops)
-    assert doc == {"metadata": {"annotations": {"hcs.io/plan": "{}"}},
-                   "spec": {"volumes": [{"name": "a"}, {"name": "b"}]}}
+    assert doc == {
+        "metadata": {"annotations": {"hcs.io/plan": "{}"}},
+        "spec": {"volumes": [{"name": "a"}, {"name": "b"}]},
+    }
 
 
 def test_runtime_profiles_cover_every_vendor_of_the_profile_database() -> None:
@@ -39,15 +42,21 @@ def test_runtime_profiles_cover_every_vendor_of_the_profile_database() -> None:
 
 
 def test_runtime_file_with_an_unknown_key_is_refused() -> None:
-    text = (runtimes.DATA / "runtimes.yaml").read_text().replace(
-        "    runtime_class: nvidia", "    runtime_klass: nvidia")
+    text = (
+        (runtimes.DATA / "runtimes.yaml")
+        .read_text()
+        .replace("    runtime_class: nvidia", "    runtime_klass: nvidia")
+    )
     with pytest.raises(ConfigError, match="runtime_klass"):
         runtimes.parse(text)
 
 
 def test_runtime_env_from_a_user_settable_annotation_is_refused() -> None:
-    text = (runtimes.DATA / "runtimes.yaml").read_text().replace(
-        "hcs.io/collective-ib-disable", "hcs.io/vendors")
+    text = (
+        (runtimes.DATA / "runtimes.yaml")
+        .read_text()
+        .replace("hcs.io/collective-ib-disable", "hcs.io/vendors")
+    )
     with pytest.raises(ConfigError, match="not a reserved"):
         runtimes.parse(text)
 
@@ -68,8 +77,14 @@ def test_policy_annotations_are_user_settable_and_the_rest_reserved() -> None:
 
 
 def test_policy_is_read_from_annotations() -> None:
-    policy = read_policy({"hcs.io/vendors": "nvidia, huawei", "hcs.io/substitution": "allow",
-                          "hcs.io/topology": "high-bandwidth", "hcs.io/job": "llama"})
+    policy = read_policy(
+        {
+            "hcs.io/vendors": "nvidia, huawei",
+            "hcs.io/substitution": "allow",
+            "hcs.io/topology": "high-bandwidth",
+            "hcs.io/job": "llama",
+        }
+    )
     assert policy.vendors == ("nvidia", "huawei")
     assert (policy.substitution, policy.topology) == ("allow", "high-bandwidth")
     assert policy.job == "llama"
@@ -89,5 +104,8 @@ def test_deploy_manifests_validate_against_the_kubernetes_schema() -> None:
         for doc in yaml.safe_load_all(path.read_text()):
             kubernetes_validate.validate(doc, "1.30", strict=True)
             kinds.append(doc["kind"])
-    assert sorted(kinds) == ["MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                             "ValidatingAdmissionPolicyBinding"]
+    assert sorted(kinds) == [
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]

@@ -55,10 +55,14 @@ async def test_api_server_timeout_caps_the_plan_budget(
 async def test_plan_refusal_is_denied_with_reason_and_rejections(
     webhook: Webhook, responder: Responder
 ) -> None:
-    responder.plan = Plan(ok=False, reason="no class has 2 free devices", rejected=(
-        Rejection(vendor="nvidia", model="A100-80G", reason="0 nodes with 2 free"),
-        Rejection(vendor="huawei", model="Ascend910B2", reason="substitution denied"),
-    ))
+    responder.plan = Plan(
+        ok=False,
+        reason="no class has 2 free devices",
+        rejected=(
+            Rejection(vendor="nvidia", model="A100-80G", reason="0 nodes with 2 free"),
+            Rejection(vendor="huawei", model="Ascend910B2", reason="substitution denied"),
+        ),
+    )
     response = await webhook.review(gpu_review())
     message = response["status"]["message"]
     assert response["allowed"] is False
@@ -94,8 +98,7 @@ def _non_pod() -> bytes:
         (_non_pod(), "only pods are handled"),
         (_without_request(), "no request"),
     ],
-    ids=["malformed", "truncated", "empty", "array", "kind", "apiVersion", "non-pod",
-         "no-request"],
+    ids=["malformed", "truncated", "empty", "array", "kind", "apiVersion", "non-pod", "no-request"],
 )
 async def test_bad_envelopes_get_400_with_a_precise_message(
     webhook: Webhook, body: bytes, said: str
@@ -122,8 +125,10 @@ async def test_oversized_body_gets_413(webhook_factory: Callable[..., Any]) -> N
 @pytest.mark.parametrize(
     ("limits", "named"),
     [
-        ({"ai.compute/vrma": "16Gi"},
-         "unknown resource ai.compute/vrma; did you mean ai.compute/vram?"),
+        (
+            {"ai.compute/vrma": "16Gi"},
+            "unknown resource ai.compute/vrma; did you mean ai.compute/vram?",
+        ),
         ({"ai.compute/vram": "16Gx"}, "ai.compute/vram: '16Gx' is not a valid quantity"),
         ({"ai.compute/devices": "1.5"}, "whole number of devices"),
         ({"ai.compute/acu": "-5"}, "ai.compute/acu: '-5'"),

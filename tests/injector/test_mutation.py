@@ -40,10 +40,14 @@ async def test_gpu_pod_gets_affinity_scheduler_env_mounts_and_plan(
     kubernetes_validate.validate(pod, "1.30", strict=True)
     spec = pod["spec"]
     term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert term["nodeSelectorTerms"] == [{"matchExpressions": [
-        {"key": "hcs.io/vendor", "operator": "In", "values": ["nvidia"]},
-        {"key": "hcs.io/model", "operator": "In", "values": ["A100-80G"]},
-    ]}]
+    assert term["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "hcs.io/vendor", "operator": "In", "values": ["nvidia"]},
+                {"key": "hcs.io/model", "operator": "In", "values": ["A100-80G"]},
+            ]
+        }
+    ]
     assert spec["schedulerName"] == "hcs-scheduler"
     assert spec["runtimeClassName"] == "nvidia"
     env = env_of(spec["containers"][0])
@@ -56,13 +60,20 @@ async def test_gpu_pod_gets_affinity_scheduler_env_mounts_and_plan(
     assert env["HCS_SHM_PATH"]["value"] == "/var/run/hcs/vram.shm"
     mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
     assert mounts["hcs-interceptor"] == {
-        "name": "hcs-interceptor", "mountPath": "/usr/local/hcs/lib", "readOnly": True}
+        "name": "hcs-interceptor",
+        "mountPath": "/usr/local/hcs/lib",
+        "readOnly": True,
+    }
     assert "kube-api-access-7xk2p" in mounts  # the user's mount kept
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["hcs-interceptor"]["hostPath"]["path"] == "/usr/local/hcs/lib"
     note = json.loads(pod["metadata"]["annotations"]["hcs.io/plan"])
     assert (note["vendor"], note["model"], note["devices"], note["vram_mib_per_device"]) == (
-        "nvidia", "A100-80G", 2, 16384)
+        "nvidia",
+        "A100-80G",
+        2,
+        16384,
+    )
     assert pod["metadata"]["annotations"]["hcs.io/vendors"] == "nvidia,huawei"
     asked = responder.requests[0]
     assert (asked.namespace, asked.pod_name) == ("ml-team", "trainer-7c9d6b5f4-")
@@ -76,20 +87,28 @@ async def test_existing_node_affinity_gets_hcs_expressions_in_every_term(
 ) -> None:
     doc = gpu_review()
     zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
-    pod_of(doc)["spec"]["affinity"] = {"nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [zone]},
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
-        ]},
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 1, "preference": {"matchExpressions": [zone]}}],
-    }}
+    pod_of(doc)["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [zone]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": [zone]}}
+            ],
+        }
+    }
     pod = patched(doc, await webhook.review(doc))
     node = pod["spec"]["affinity"]["nodeAffinity"]
     terms = node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms[0]["matchExpressions"][0] == zone
     assert [e["key"] for e in terms[0]["matchExpressions"]] == [
-        "topology.kubernetes.io/zone", "hcs.io/vendor", "hcs.io/model"]
+        "topology.kubernetes.io/zone",
+        "hcs.io/vendor",
+        "hcs.io/model",
+    ]
     assert terms[1]["matchFields"][0]["values"] == ["n1"]
     assert [e["key"] for e in terms[1]["matchExpressions"]] == ["hcs.io/vendor", "hcs.io/model"]
     assert node["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 1
@@ -113,7 +132,8 @@ async def test_user_ld_library_path_is_kept_and_ours_appended(
     assert "/usr/local/nvidia/lib64" in paths
     assert env["HCS_USER_LD_PRELOAD"]["valueFrom"]["configMapKeyRef"]["name"] == "c"
     assert env["LD_PRELOAD"]["value"] == (
-        "$(HCS_USER_LD_PRELOAD):/usr/local/hcs/lib/libhcs_interceptor.so")
+        "$(HCS_USER_LD_PRELOAD):/usr/local/hcs/lib/libhcs_interceptor.so"
+    )
     names = [e["name"] for e in patched(doc, response)["spec"]["containers"][0]["env"]]
     assert names.index("HCS_USER_LD_PRELOAD") < names.index("LD_PRELOAD")
     # a user cannot choose devices: the vendor's visible-devices env is ours
@@ -128,8 +148,7 @@ async def test_init_containers_asking_are_patched_and_others_untouched(
     doc = gpu_review()
     spec = pod_of(doc)["spec"]
     spec["initContainers"] = [
-        {"name": "warmup", "image": "w:1",
-         "resources": {"limits": {"ai.compute/vram": "8Gi"}}},
+        {"name": "warmup", "image": "w:1", "resources": {"limits": {"ai.compute/vram": "8Gi"}}},
         {"name": "fetch", "image": "f:1"},
     ]
     spec["containers"].append({"name": "sidecar", "image": "s:1"})
@@ -174,7 +193,8 @@ async def test_reinvocation_after_another_webhook_dropped_our_env_restores_only_
     response = await webhook.review(doc)
     again = patched(doc, response)
     assert env_of(again["spec"]["containers"][0])["LD_PRELOAD"]["value"].endswith(
-        "libhcs_interceptor.so")
+        "libhcs_interceptor.so"
+    )
     assert len(responder.requests) == 1
 
 
@@ -203,8 +223,9 @@ async def test_dry_run_asks_for_a_dry_run_plan_and_still_patches(
 async def test_huawei_plan_mounts_driver_read_only_and_uses_ascend_env(
     webhook: Webhook, responder: Responder
 ) -> None:
-    responder.plan = Plan(ok=True, vendor="huawei", model="Ascend910B2", devices=1,
-                          vram_mib_per_device=65536)
+    responder.plan = Plan(
+        ok=True, vendor="huawei", model="Ascend910B2", devices=1, vram_mib_per_device=65536
+    )
     doc = gpu_review()
     pod = patched(doc, await webhook.review(doc))
     container = pod["spec"]["containers"][0]
@@ -222,7 +243,8 @@ async def test_runtime_rebinding_swaps_image_and_copies_code_in_an_init_containe
 ) -> None:
     doc = gpu_review()
     pod_of(doc)["metadata"]["annotations"].update(
-        {"hcs.io/rebind": "runtime", "hcs.io/code-path": "/app"})
+        {"hcs.io/rebind": "runtime", "hcs.io/code-path": "/app"}
+    )
     pod = patched(doc, await webhook.review(doc))
     main = pod["spec"]["containers"][0]
     assert main["image"] == "nvcr.io/nvidia/pytorch:24.05-py3"
@@ -240,11 +262,14 @@ async def test_runtime_rebinding_swaps_image_and_copies_code_in_an_init_containe
 async def test_engine_rebinding_uses_the_vendor_build_of_the_engine(
     webhook: Webhook, responder: Responder
 ) -> None:
-    responder.plan = Plan(ok=True, vendor="hygon", model="K100", devices=4,
-                          vram_mib_per_device=65536)
+    responder.plan = Plan(
+        ok=True, vendor="hygon", model="K100", devices=4, vram_mib_per_device=65536
+    )
     doc = gpu_review()
     pod_of(doc)["metadata"]["annotations"] = {
-        "hcs.io/engine": "llm", "hcs.io/engine-model-path": "/models/qwen"}
+        "hcs.io/engine": "llm",
+        "hcs.io/engine-model-path": "/models/qwen",
+    }
     pod = patched(doc, await webhook.review(doc))
     main = pod["spec"]["containers"][0]
     assert main["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
@@ -281,7 +306,11 @@ async def test_plan_note_is_what_the_scheduler_bind_decodes(
     pod = patched(doc, await webhook.review(doc))
     note = pods.plan_annotation(pod["metadata"]["annotations"])
     assert (note.vendor, note.model, note.devices, note.vram_mib_per_device) == (
-        "nvidia", "A100-80G", 2, 16384)
+        "nvidia",
+        "A100-80G",
+        2,
+        16384,
+    )
 
 
 async def test_absent_parents_are_added_whole_and_other_affinity_kept(
@@ -292,8 +321,16 @@ async def test_absent_parents_are_added_whole_and_other_affinity_kept(
     pod["metadata"].pop("annotations")
     pod["spec"].pop("volumes")
     pod["spec"]["containers"][0].pop("volumeMounts")
-    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}]}}
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"a": "b"}},
+                }
+            ]
+        }
+    }
     pod["spec"]["affinity"] = anti
     result = patched(doc, await webhook.review(doc))
     kubernetes_validate.validate(result, "1.30", strict=True)

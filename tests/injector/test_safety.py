@@ -9,8 +9,16 @@ import pytest
 from tests.injector.conftest import HCS_SA, Responder, Webhook, gpu_review, plain_review, pod_of
 
 
-@pytest.mark.parametrize("key", ["hcs.io/devices", "hcs.io/vram-quota", "hcs.io/plan",
-                                 "hcs.io/collective-p2p-disable", "hcs.io/resume-from"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "hcs.io/devices",
+        "hcs.io/vram-quota",
+        "hcs.io/plan",
+        "hcs.io/collective-p2p-disable",
+        "hcs.io/resume-from",
+    ],
+)
 async def test_reserved_annotation_set_by_a_user_is_denied_with_its_name(
     webhook: Webhook, responder: Responder, key: str
 ) -> None:

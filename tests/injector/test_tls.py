@@ -35,8 +35,9 @@ def test_dev_certs_make_a_chain_that_verifies(tmp_path: Path) -> None:
 async def _served_serial(url: str, ca_file: Path) -> int:
     host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
     context = ssl.create_default_context(cafile=str(ca_file))
-    _, writer = await asyncio.open_connection(host, int(port), ssl=context,
-                                              server_hostname="localhost")
+    _, writer = await asyncio.open_connection(
+        host, int(port), ssl=context, server_hostname="localhost"
+    )
     der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
     writer.close()
     await writer.wait_closed()

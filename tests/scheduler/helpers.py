@@ -41,8 +41,10 @@ def dev(
         vram_total_mib=p.vram_mib,
         vram_free_mib=p.vram_mib,
         compute=Compute(acu_profile=p.acu, tflops_fp16_profile=p.tflops_fp16),
-        links=tuple(Link(peer_index=k, type=p.interconnect, bandwidth_gbps=v)
-                    for k, v in (links or {}).items()),
+        links=tuple(
+            Link(peer_index=k, type=p.interconnect, bandwidth_gbps=v)
+            for k, v in (links or {}).items()
+        ),
         health_score=health,
         error=error,
     )
@@ -58,7 +60,11 @@ def node_fp(
     seq: int = 1,
 ) -> NodeFingerprint:
     return NodeFingerprint(
-        node=name, agent_version="test", boot_id="b1", seq=seq, time_s=1.0,
+        node=name,
+        agent_version="test",
+        boot_id="b1",
+        seq=seq,
+        time_s=1.0,
         devices=devices if devices is not None else tuple(dev(i, key) for i in range(count)),
         labels=labels or {},
     )
@@ -106,10 +112,21 @@ def pod(
     return base
 
 
-A100_SLICE = {"vendor": "nvidia", "model": "A100-80G", "devices": 1,
-              "vram_mib_per_device": 16384, "whole_device": False}
-A100_TWO = {"vendor": "nvidia", "model": "A100-80G", "devices": 2,
-            "vram_mib_per_device": 81920, "whole_device": True, "acu_per_device": 100.0}
+A100_SLICE = {
+    "vendor": "nvidia",
+    "model": "A100-80G",
+    "devices": 1,
+    "vram_mib_per_device": 16384,
+    "whole_device": False,
+}
+A100_TWO = {
+    "vendor": "nvidia",
+    "model": "A100-80G",
+    "devices": 2,
+    "vram_mib_per_device": 81920,
+    "whole_device": True,
+    "acu_per_device": 100.0,
+}
 
 
 class FakeKube:
@@ -124,8 +141,15 @@ class FakeKube:
     async def bind_pod(
         self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
     ) -> dict[str, Any]:
-        self.bindings.append({"namespace": namespace, "name": name, "uid": uid, "node": node,
-                              "annotations": annotations})
+        self.bindings.append(
+            {
+                "namespace": namespace,
+                "name": name,
+                "uid": uid,
+                "node": node,
+                "annotations": annotations,
+            }
+        )
         return {"kind": "Status", "status": "Success"}
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:

@@ -47,16 +47,21 @@ async def _post(port: int, verb: str, body: Any) -> tuple[int, Any]:
 
 def _args(doc: str, **pod_kw: Any) -> dict[str, Any]:
     args = k8s_doc(doc)
-    args["Pod"] = pod("trainer-7c9d6b5f4-x2kqp", uid="5f0c9a57-2b1e-4c5e-9d7a-3c1b8e4f6a21",
-                      **pod_kw)
+    args["Pod"] = pod(
+        "trainer-7c9d6b5f4-x2kqp", uid="5f0c9a57-2b1e-4c5e-9d7a-3c1b8e4f6a21", **pod_kw
+    )
     return args
 
 
 async def _ready(bus: Bus, start: Start, kube: Any = None) -> Any:
     await _fleet(bus)
     sched = await start(bus, kube)
-    await until(lambda: len(sched.view.state.nodes) == 3
-                and len(sched.view.state.nodes["gpu-node-b"].reservations) == 7)
+    await until(
+        lambda: (
+            len(sched.view.state.nodes) == 3
+            and len(sched.view.state.nodes["gpu-node-b"].reservations) == 7
+        )
+    )
     return sched
 
 
@@ -64,8 +69,9 @@ async def test_filter_with_node_names_keeps_nodes_with_room_and_says_why_not(
     bus: Bus, start_scheduler: Start
 ) -> None:
     sched = await _ready(bus, start_scheduler)
-    status, out = await _post(sched.port, "filter",
-                              _args("extender-filter-args-nodecache.json", plan=A100_TWO))
+    status, out = await _post(
+        sched.port, "filter", _args("extender-filter-args-nodecache.json", plan=A100_TWO)
+    )
     assert status == 200
     expected = k8s_doc("extender-filter-result-nodecache.json")
     assert set(out) == set(expected)
@@ -106,8 +112,10 @@ async def test_a_pod_with_requests_but_no_plan_annotation_gets_a_computed_plan(
     bus: Bus, start_scheduler: Start
 ) -> None:
     sched = await _ready(bus, start_scheduler)
-    args = _args("extender-filter-args-nodecache.json",
-                 requests={"ai.compute/vram": "16Gi", "ai.compute/acu": "20"})
+    args = _args(
+        "extender-filter-args-nodecache.json",
+        requests={"ai.compute/vram": "16Gi", "ai.compute/acu": "20"},
+    )
     status, out = await _post(sched.port, "filter", args)
     assert status == 200 and out["NodeNames"] == NAMES
     too_big = _args("extender-filter-args-nodecache.json", requests={"ai.compute/acu": "5000"})
@@ -132,7 +140,7 @@ async def test_malformed_arguments_get_400_with_the_reason(
         assert status == 400, (verb, body)
         assert f"bad {verb} arguments" in text
     bad_plan = _args("extender-filter-args-nodecache.json")
-    bad_plan["Pod"]["metadata"]["annotations"]["hcs.io/plan"] = "{\"vendor\": 1}"
+    bad_plan["Pod"]["metadata"]["annotations"]["hcs.io/plan"] = '{"vendor": 1}'
     status, out = await _post(sched.port, "filter", bad_plan)
     assert status == 200 and "hcs.io/plan" in out["Error"]
 
@@ -142,8 +150,9 @@ async def test_prioritize_scores_every_node_from_zero_to_ten(
 ) -> None:
     sched = await _ready(bus, start_scheduler)
     slice_plan = {**A100_TWO, "devices": 1, "vram_mib_per_device": 8192, "whole_device": False}
-    status, out = await _post(sched.port, "prioritize",
-                              _args("extender-filter-args-nodecache.json", plan=slice_plan))
+    status, out = await _post(
+        sched.port, "prioritize", _args("extender-filter-args-nodecache.json", plan=slice_plan)
+    )
     assert status == 200
     assert [h["Host"] for h in out] == NAMES
     scores = {h["Host"]: h["Score"] for h in out}
@@ -157,12 +166,12 @@ async def test_bind_books_devices_posts_the_binding_and_announces_it(
     kube = FakeKube()
     sched = await _ready(bus, start_scheduler, kube)
     ckpt = await bus.js.key_value(streams.KV_CKPT)
-    cp = CheckpointEvent(namespace="ml-team", job="llm", uri="s3://ckpt/llm/100", step=100,
-                         time_s=1.0)
+    cp = CheckpointEvent(
+        namespace="ml-team", job="llm", uri="s3://ckpt/llm/100", step=100, time_s=1.0
+    )
     await ckpt.put(subjects.ckpt_key("ml-team", "llm"), messages.encode(cp))
     sub = await bus.nc.subscribe(subjects.alloc("gpu-node-c"))
-    args = _args("extender-filter-args-nodecache.json", plan=A100_TWO,
-                 labels={"hcs.io/job": "llm"})
+    args = _args("extender-filter-args-nodecache.json", plan=A100_TWO, labels={"hcs.io/job": "llm"})
     await _post(sched.port, "filter", args)
     status, out = await _post(sched.port, "bind", k8s_doc("extender-binding-args.json"))
     assert status == 200 and out == k8s_doc("extender-binding-result.json")
@@ -183,8 +192,13 @@ async def test_bind_through_the_api_server_sets_the_annotations_on_the_pod(
     bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
 ) -> None:
     sched = await _ready(bus, start_scheduler, kube)
-    apiserver.add_pod("ml-team", "trainer", annotations={"hcs.io/plan": json.dumps(A100_TWO)},
-                      scheduler_name="hcs-scheduler", phase="Pending")
+    apiserver.add_pod(
+        "ml-team",
+        "trainer",
+        annotations={"hcs.io/plan": json.dumps(A100_TWO)},
+        scheduler_name="hcs-scheduler",
+        phase="Pending",
+    )
     uid = apiserver.pods[("ml-team", "trainer")]["metadata"]["uid"]
     args = {"PodName": "trainer", "PodNamespace": "ml-team", "PodUID": uid, "Node": "gpu-node-a"}
     status, out = await _post(sched.port, "bind", args)
@@ -235,8 +249,9 @@ async def test_readyz_answers_503_until_the_view_has_replayed(
         sched.view.ready.clear()
         async with session.get(f"{base}/readyz") as resp:
             assert resp.status == 503
-        _status, out = await _post(sched.port, "filter",
-                                  _args("extender-filter-args-nodecache.json", plan=A100_TWO))
+        _status, out = await _post(
+            sched.port, "filter", _args("extender-filter-args-nodecache.json", plan=A100_TWO)
+        )
         assert "not replayed" in out["Error"]
         sched.view.ready.set()
         async with session.get(f"{base}/readyz") as resp:

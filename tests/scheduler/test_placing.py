@@ -11,18 +11,27 @@ from scheduler.state import booked
 from tests.scheduler.helpers import dev, node_fp, state_of
 from tests.view.factories import reservation, verdict
 
-SLICE = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
-                       vram_mib_per_device=16384, whole_device=False)
-TWO = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=2,
-                     vram_mib_per_device=81920, whole_device=True, acu_per_device=100.0)
+SLICE = PlanAnnotation(
+    vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=16384, whole_device=False
+)
+TWO = PlanAnnotation(
+    vendor="nvidia",
+    model="A100-80G",
+    devices=2,
+    vram_mib_per_device=81920,
+    whole_device=True,
+    acu_per_device=100.0,
+)
 
 
-def _reserve(state, node: str, slices: list[tuple[int, int, bool]], *, name: str = "x",
-             priority: int = 0) -> None:
+def _reserve(
+    state, node: str, slices: list[tuple[int, int, bool]], *, name: str = "x", priority: int = 0
+) -> None:
     held = state.reservations_of(node)
     before = held.reservations if held else ()
     r = reservation("other", name, slices)
     import msgspec
+
     r = msgspec.structs.replace(r, priority=priority)
     state.apply_reservations(node, NodeReservations(node=node, reservations=(*before, r)))
 
@@ -91,9 +100,12 @@ def _islands() -> tuple:
     """0,1 reach each other only through PCIe; 2-3 and 4-5 are NVLink pairs,
     2-3 the faster."""
     return (
-        dev(0), dev(1),
-        dev(2, links={3: 600.0}), dev(3, links={2: 600.0}),
-        dev(4, links={5: 300.0}), dev(5, links={4: 300.0}),
+        dev(0),
+        dev(1),
+        dev(2, links={3: 600.0}),
+        dev(3, links={2: 600.0}),
+        dev(4, links={5: 300.0}),
+        dev(5, links={4: 300.0}),
     )
 
 
@@ -119,8 +131,11 @@ def test_exact_search_maximises_the_minimum_then_the_total_over_sixteen_devices(
 
 
 def test_scores_are_integers_from_zero_to_ten_and_prefer_partly_used_healthy_nodes() -> None:
-    state = state_of(node_fp("empty"), node_fp("used"), node_fp("sick", devices=tuple(
-        dev(i, health=40) for i in range(8))))
+    state = state_of(
+        node_fp("empty"),
+        node_fp("used"),
+        node_fp("sick", devices=tuple(dev(i, health=40) for i in range(8))),
+    )
     _reserve(state, "used", [(i, 81920, True) for i in range(4)])
     weights = placing.Weights()
     scores = {}
@@ -134,8 +149,10 @@ def test_scores_are_integers_from_zero_to_ten_and_prefer_partly_used_healthy_nod
 
 
 def test_job_affinity_prefers_the_jobs_network_group() -> None:
-    state = state_of(node_fp("a", labels={"hcs.io/rdma-fabric": "f1"}),
-                     node_fp("b", labels={"hcs.io/rdma-fabric": "f2"}))
+    state = state_of(
+        node_fp("a", labels={"hcs.io/rdma-fabric": "f1"}),
+        node_fp("b", labels={"hcs.io/rdma-fabric": "f2"}),
+    )
     weights = placing.Weights(binpack=0, health=0, right_size=0, topology=0, job_affinity=1)
     out = {}
     for name in ("a", "b"):
@@ -146,8 +163,9 @@ def test_job_affinity_prefers_the_jobs_network_group() -> None:
 
 
 def test_right_sizing_penalises_a_small_slice_on_a_big_device() -> None:
-    small = PlanAnnotation(vendor="nvidia", model="H200", devices=1,
-                           vram_mib_per_device=8192, whole_device=False)
+    small = PlanAnnotation(
+        vendor="nvidia", model="H200", devices=1, vram_mib_per_device=8192, whole_device=False
+    )
     state = state_of(node_fp("h", "nvidia/H200"))
     node = state.nodes["h"]
     parts = placing.components(node, placing.check_node(node, small), small)
@@ -159,8 +177,9 @@ def test_victims_are_the_lowest_priority_and_never_equal_or_higher() -> None:
     _reserve(state, "n1", [(0, 81920, True)], name="low", priority=1)
     _reserve(state, "n1", [(1, 81920, True)], name="mid", priority=5)
     node, doc = state.nodes["n1"], state.reservations_of("n1")
-    one = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
-                         vram_mib_per_device=81920, whole_device=True)
+    one = PlanAnnotation(
+        vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=81920, whole_device=True
+    )
     victims = placing.victims_for(node, doc, one, priority=10, already=set())
     assert [v.pod.name for v in victims or []] == ["low"]
     both = placing.victims_for(node, doc, TWO, priority=10, already=set())

@@ -27,8 +27,8 @@ def _summary(
         state.apply_reservations("a100-1", NodeReservations(node="a100-1", reservations=(r,)))
     if used_by:
         import msgspec
-        r = msgspec.structs.replace(
-            reservation(used_by, "old", [(0, 40960, False)]), acu=50.0)
+
+        r = msgspec.structs.replace(reservation(used_by, "old", [(0, 40960, False)]), acu=50.0)
         state.apply_reservations("h200-1", NodeReservations(node="h200-1", reservations=(r,)))
     return planning.summarise(state.nodes.values())
 
@@ -36,8 +36,7 @@ def _summary(
 def _plan(requests: Requests, policy: Policy | None = None, **kw: object) -> object:
     summary = kw.pop("summary", None) or _summary()
     request = PlanRequest(namespace="ml", requests=requests, policy=policy or Policy())
-    return planning.plan(request,
-                         summary=summary, profiles=DB, **kw)  # type: ignore[arg-type]
+    return planning.plan(request, summary=summary, profiles=DB, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -61,7 +60,11 @@ def test_requests_are_sized_as_slices_or_whole_devices_on_the_best_fitting_class
     assert plan.vram_mib_per_device == pytest.approx(vram, abs=50)
     assert plan.runtime_profile == plan.vendor
     assert {f"{r.vendor}/{r.model}" for r in plan.rejected} | {f"{plan.vendor}/{plan.model}"} == {
-        "nvidia/A100-80G", "huawei/Ascend910B2", "nvidia/T4", "nvidia/H200"}
+        "nvidia/A100-80G",
+        "huawei/Ascend910B2",
+        "nvidia/T4",
+        "nvidia/H200",
+    }
     assert all(r.reason for r in plan.rejected)
 
 
@@ -107,7 +110,9 @@ def test_quota_refusal_names_namespace_limit_used_and_asked() -> None:
     quota = planning.QuotaLimits(vram_mib=65536, acu=100.0)
     plan = planning.plan(
         PlanRequest(namespace="ml", requests=Requests(vram_mib=30000)),
-        summary=_summary(used_by="ml"), profiles=DB, quota=quota,
+        summary=_summary(used_by="ml"),
+        profiles=DB,
+        quota=quota,
     )
     assert not plan.ok and not plan.quota.ok
     for words in ("ml", "65536", "40960", "30000"):

@@ -33,16 +33,19 @@ async def _bound(
 async def test_a_release_request_frees_the_pods_devices(bus: Bus, start_scheduler: Start) -> None:
     sched = await _bound(bus, start_scheduler)
     ref = PodRef(namespace="ml-team", name="trainer", uid="uid-trainer")
-    event = await bus.request(subjects.RELEASE, ReleaseRequest(pod=ref, reason="done"),
-                              AllocationEvent, timeout_s=5)
+    event = await bus.request(
+        subjects.RELEASE, ReleaseRequest(pod=ref, reason="done"), AllocationEvent, timeout_s=5
+    )
     assert event.state == "released" and event.node == "gpu-1" and len(event.devices) == 2
     doc = (await sched.booker.read("gpu-1")).doc
     assert doc is not None and doc.reservations == ()
-    again = await bus.request(subjects.RELEASE, ReleaseRequest(pod=ref), AllocationEvent,
-                              timeout_s=5)
+    again = await bus.request(
+        subjects.RELEASE, ReleaseRequest(pod=ref), AllocationEvent, timeout_s=5
+    )
     await until(lambda: sched.view.state.find_pod("ml-team/trainer") is None)
-    again = await bus.request(subjects.RELEASE, ReleaseRequest(pod=ref), AllocationEvent,
-                              timeout_s=5)
+    again = await bus.request(
+        subjects.RELEASE, ReleaseRequest(pod=ref), AllocationEvent, timeout_s=5
+    )
     assert again.reason == "no reservation held for this pod"
 
 
@@ -60,11 +63,14 @@ async def test_a_deleted_pod_releases_its_devices(
 async def test_a_reservation_stuck_in_reserved_expires(bus: Bus, start_scheduler: Start) -> None:
     await publish_fleet(bus, node_fp("gpu-1"))
     sub = await bus.nc.subscribe(subjects.alloc("gpu-1"))
-    stuck = msgspec.structs.replace(reservation("ml", "lost", [(0, 81920, True)]),
-                                    state="reserved", time_s=1.0)
+    stuck = msgspec.structs.replace(
+        reservation("ml", "lost", [(0, 81920, True)]), state="reserved", time_s=1.0
+    )
     kv = await bus.js.key_value(streams.KV_ALLOC)
-    await kv.put(subjects.alloc_key("gpu-1"),
-                 messages.encode(NodeReservations(node="gpu-1", reservations=(stuck,))))
+    await kv.put(
+        subjects.alloc_key("gpu-1"),
+        messages.encode(NodeReservations(node="gpu-1", reservations=(stuck,))),
+    )
     sched = await start_scheduler(bus, reserve_ttl_s=0.2)
     event = messages.decode((await sub.next_msg(timeout=5)).data, AllocationEvent)
     assert event.state == "expired" and event.pod.name == "lost"

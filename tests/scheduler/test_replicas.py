@@ -13,15 +13,33 @@ from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import node_fp, publish_fleet, until
 
 NODES = [f"gpu-{i}" for i in range(4)]
-WHOLE = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
-                       vram_mib_per_device=81920, whole_device=True, acu_per_device=100.0)
-SLICE = PlanAnnotation(vendor="nvidia", model="A100-80G", devices=1,
-                       vram_mib_per_device=20480, whole_device=False, acu_per_device=25.0)
+WHOLE = PlanAnnotation(
+    vendor="nvidia",
+    model="A100-80G",
+    devices=1,
+    vram_mib_per_device=81920,
+    whole_device=True,
+    acu_per_device=100.0,
+)
+SLICE = PlanAnnotation(
+    vendor="nvidia",
+    model="A100-80G",
+    devices=1,
+    vram_mib_per_device=20480,
+    whole_device=False,
+    acu_per_device=25.0,
+)
 
 
 def _pod(i: int) -> PodInfo:
-    return PodInfo(ref=PodRef(namespace="ml", name=f"p{i}", uid=f"u{i}"), requests=None,
-                   policy=Policy(), annotation=None, priority=0, job=None)
+    return PodInfo(
+        ref=PodRef(namespace="ml", name=f"p{i}", uid=f"u{i}"),
+        requests=None,
+        policy=Policy(),
+        annotation=None,
+        priority=0,
+        job=None,
+    )
 
 
 async def test_two_replicas_never_book_the_same_slice(
