@@ -156,12 +156,13 @@ async def _drain(
     counts.append(seen)
 
 
-async def role_bare(url: str, total: int) -> dict[str, Any]:
-    bus = await connect(BusSettings(url=url, name="bench-bare"))
+async def _baseline(url: str, total: int, *, consume: Any, name: str) -> dict[str, Any]:
+    """Run one bare consumer over both streams, as the view reads them."""
+    bus = await connect(BusSettings(url=url, name=name))
     counts: list[int] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        _drain(
+        consume(
             bus,
             stream=streams.FP,
             subject=subjects.FP_ALL,
@@ -169,7 +170,7 @@ async def role_bare(url: str, total: int) -> dict[str, Any]:
             deliver=DeliverPolicy.LAST_PER_SUBJECT,
             counts=counts,
         ),
-        _drain(
+        consume(
             bus,
             stream=streams.HEALTH,
             subject=subjects.HEALTH_ALL,
@@ -182,6 +183,10 @@ async def role_bare(url: str, total: int) -> dict[str, Any]:
     await bus.nc.close()
     assert sum(counts) == total, (counts, total)
     return {"rate": total / took, "rss_mb": peak_rss_mb()}
+
+
+async def role_bare(url: str, total: int) -> dict[str, Any]:
+    return await _baseline(url, total, consume=_drain, name="bench-bare")
 
 
 async def _follow_bare(
@@ -212,31 +217,7 @@ async def _follow_bare(
 
 
 async def role_bare_ordered(url: str, total: int) -> dict[str, Any]:
-    bus = await connect(BusSettings(url=url, name="bench-bare-ordered"))
-    counts: list[int] = []
-    t0 = time.perf_counter()
-    await asyncio.gather(
-        _follow_bare(
-            bus,
-            stream=streams.FP,
-            subject=subjects.FP_ALL,
-            kind=NodeFingerprint,
-            deliver=DeliverPolicy.LAST_PER_SUBJECT,
-            counts=counts,
-        ),
-        _follow_bare(
-            bus,
-            stream=streams.HEALTH,
-            subject=subjects.HEALTH_ALL,
-            kind=HealthEvent,
-            deliver=DeliverPolicy.ALL,
-            counts=counts,
-        ),
-    )
-    took = time.perf_counter() - t0
-    await bus.nc.close()
-    assert sum(counts) == total, (counts, total)
-    return {"rate": total / took, "rss_mb": peak_rss_mb()}
+    return await _baseline(url, total, consume=_follow_bare, name="bench-bare-ordered")
 
 
 ROLES = {"view": role_view, "bare": role_bare, "bare-ordered": role_bare_ordered}
