@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents import fleet as fleet_file
 from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.errors import ConfigError
@@ -80,8 +81,9 @@ def parts(options: UpOptions) -> list[Part]:
 
 
 async def run(settings: Settings, options: UpOptions) -> int:
-    if not options.fleet.is_file():
-        raise ConfigError(f"--fleet: {str(options.fleet)!r} is not a file")
+    fleet_file.load(
+        options.fleet
+    )  # a bad fleet is one clear line and exit 2, before anything starts
     ext_host, ext_port = _host_port(options.extender, what="--extender")
     wh_host, wh_port = _host_port(options.webhook, what="--webhook")
     settings = replace(

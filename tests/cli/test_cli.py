@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from hcs_bus import subjects
 from hcs_bus.bus import Bus
@@ -76,3 +77,39 @@ async def test_watch_prints_health_events_as_json_lines(bus: Bus, nats_url: str)
     out, err = await proc.communicate()
     line = json.loads(out.decode().splitlines()[0])
     assert line["subject"] == "hcs.health.n1" and line["code"] == 79, err
+
+
+def test_up_refuses_a_bad_fleet_file_with_one_line_naming_field_and_value(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("nodes:\n  - name: a\n    devices: {model: nvidia/A100-80G, count: -1}\n")
+    done = hcs("up", "--fleet", str(fleet), "--for", "1")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"hcs: error: {fleet}: nodes[0].devices.count: must be 1..64 (value -1)"
+    ]
+
+
+def test_convert_prints_the_device_count_and_the_arithmetic() -> None:
+    tflops = hcs("convert", "100", "tflops-fp16", "--to", "huawei/Ascend910B2")
+    assert tflops.returncode == 0, tflops.stderr
+    assert tflops.stdout.strip().endswith("= 1 × huawei/Ascend910B2")
+    devices = hcs("convert", "1", "nvidia/A100-80G", "--to", "hygon/K100")
+    assert devices.returncode == 0, devices.stderr
+    assert "ACU" in devices.stdout and "VRAM" in devices.stdout
+    assert "× hygon/K100" in devices.stdout.splitlines()[-1]
+
+
+def test_convert_names_an_unknown_model() -> None:
+    done = hcs("convert", "1", "nvidia/A100-80G", "--to", "nvidia/B9000")
+    assert done.returncode == 2
+    assert "nvidia/B9000" in done.stderr
+
+
+def test_certs_writes_a_ca_and_a_serving_pair_and_prints_the_bundle(tmp_path: Path) -> None:
+    done = hcs("certs", "--out", str(tmp_path / "c"), "--dns", "hcs-injector.hcs-system.svc")
+    assert done.returncode == 0, done.stderr
+    bundle = done.stdout.split("caBundle: ")[1].strip()
+    import base64
+
+    assert base64.b64decode(bundle).startswith(b"-----BEGIN CERTIFICATE-----")
+    assert {p.name for p in (tmp_path / "c").iterdir()} >= {"ca.crt", "tls.crt", "tls.key"}
