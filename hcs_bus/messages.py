@@ -223,6 +223,7 @@ class AllocationEvent(_Frozen, frozen=True, tag="allocation_event", tag_field="t
     job: str | None = None
     priority: int = 0
     reason: str = ""
+    annotations: dict[str, str] = {}
     v: int = 1
 
 

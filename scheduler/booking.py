@@ -146,7 +146,9 @@ class Booker:
         if isinstance(reservation, str):
             BINDS.add(1, {"outcome": "no_longer_fits"})
             return reservation
-        note = await self._post_binding(pod, reservation, node=node, vendor=demand.vendor)
+        note, annotations = await self._post_binding(
+            pod, reservation, node=node, vendor=demand.vendor
+        )
         if note.startswith("hcs: Binding failed"):
             await self.release(pod.ref, reason=note, state="released")
             BINDS.add(1, {"outcome": "binding_failed"})
@@ -155,7 +157,9 @@ class Booker:
             await self._mark_bound(pod.ref, node=node)
         except HcsError as exc:  # the pod is bound; expiry must not take it back
             _log.error("mark_bound_failed", pod=pod.ref.name, node=node, error=str(exc))
-        await self._announce(node, reservation, state="bound", reason=note)
+        await self._announce(
+            node, reservation, state="bound", reason=note, annotations=annotations
+        )
         BINDS.add(1, {"outcome": "bound"})
         return ""
 
@@ -210,14 +214,15 @@ class Booker:
 
     async def _post_binding(
         self, pod: pods.PodInfo, reservation: Reservation, *, node: str, vendor: str
-    ) -> str:
+    ) -> tuple[str, dict[str, str]]:
+        """Post the Binding; returns a note ("" when posted) and the annotations."""
         resume = await self._resume_from(pod)
         annotations = device_annotations(
             vendor=vendor, slices=reservation.devices, resume_from=resume
         )
         if self.kube is None:
             _log.info("no_cluster_binding_not_posted", pod=pod.ref.name, node=node)
-            return "no cluster: Binding not posted"
+            return "no cluster: Binding not posted", annotations
         try:
             await self.kube.bind_pod(
                 pod.ref.namespace,
@@ -228,8 +233,9 @@ class Booker:
             )
         except Exception as exc:  # every Kube* error, and the unexpected
             _log.warning("binding_failed", pod=pod.ref.name, node=node, error=repr(exc))
-            return f"hcs: Binding failed for {pod.ref.namespace}/{pod.ref.name} on {node}: {exc}"
-        return ""
+            failed = f"hcs: Binding failed for {pod.ref.namespace}/{pod.ref.name} on {node}: {exc}"
+            return failed, annotations
+        return "", annotations
 
     async def _resume_from(self, pod: pods.PodInfo) -> str | None:
         if self.ckpt is None or not pod.job:
@@ -310,7 +316,13 @@ class Booker:
         raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
 
     async def _announce(
-        self, node: str, r: Reservation, *, state: AllocState, reason: str
+        self,
+        node: str,
+        r: Reservation,
+        *,
+        state: AllocState,
+        reason: str,
+        annotations: dict[str, str] | None = None,
     ) -> AllocationEvent:
         event = AllocationEvent(
             node=node,
@@ -324,6 +336,7 @@ class Booker:
             job=r.job,
             priority=r.priority,
             reason=reason,
+            annotations=annotations or {},
         )
         msg_id = f"alloc:{node}:{r.pod.namespace}/{r.pod.name}:{r.pod.uid}:{r.time_s}:{state}"
         try:

@@ -183,6 +183,7 @@ async def test_bind_books_devices_posts_the_binding_and_announces_it(
     assert notes["hcs.io/resume-from"] == "s3://ckpt/llm/100"
     event = messages.decode((await sub.next_msg(timeout=5)).data, AllocationEvent)
     assert event.state == "bound" and event.job == "llm" and len(event.devices) == 2
+    assert event.annotations == notes  # the audit on hcs.alloc.* says what the pod was given
     doc = await sched.booker.read("gpu-node-c")
     assert doc.doc is not None and [r.state for r in doc.doc.reservations] == ["bound"]
     await sub.unsubscribe()
@@ -218,6 +219,7 @@ async def test_bind_without_a_cluster_records_and_says_so_in_the_event(
     assert out == {"Error": ""}
     event = messages.decode((await sub.next_msg(timeout=5)).data, AllocationEvent)
     assert event.reason == "no cluster: Binding not posted"
+    assert event.annotations["hcs.io/vram-quota"] == "0:81920Mi,1:81920Mi"
     await sub.unsubscribe()
 
 
