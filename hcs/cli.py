@@ -34,6 +34,7 @@ from hcs_bus.errors import ConfigError, HcsError
 from hcs_bus.messages import HealthEvent
 from hcs_bus.settings import Settings, load, replace
 from hcs_bus.telemetry import configure
+from scheduler.viewing import ClusterView
 
 DEFAULT_FLEET = Path("deploy/examples/fleet.yaml")
 
@@ -55,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--extender", default="127.0.0.1:8888", help="extender HOST:PORT")
     up.add_argument("--webhook", default="127.0.0.1:8443", help="webhook HOST:PORT")
     up.add_argument("--state-dir", type=Path, help="keep NATS store, certs and logs here")
+    up.add_argument(
+        "--no-demo-job",
+        dest="demo_job",
+        action="store_false",
+        help="do not run the demo training job (admitted, scheduled, checkpointed, resumed)",
+    )
 
     top = sub.add_parser("top", help="the unified fleet view")
     top.add_argument("--once", action="store_true")
@@ -127,6 +134,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             extender=args.extender,
             webhook=args.webhook,
             state_dir=args.state_dir,
+            demo_job=args.demo_job,
         )
         return await run(settings, options)
     if command == "convert":
@@ -156,20 +164,29 @@ def _default_fleet() -> Path:
 
 # -- top --------------------------------------------------------------------
 async def show_top(
-    bus: Bus, settings: Settings, *, live: bool, stop: asyncio.Event, period_s: float = 1.0
+    bus: Bus,
+    settings: Settings,
+    *,
+    live: bool,
+    stop: asyncio.Event,
+    period_s: float = 1.0,
+    view: ClusterView | None = None,
 ) -> None:
-    """Draw ``hcs top`` until ``stop`` (progress lines when not a terminal)."""
+    """Draw ``hcs top`` until ``stop`` (progress lines when not a terminal).
+    ``view``: a ClusterView already running (``hcs up`` shares its own)."""
     from hcs.top import render, summarise
-    from scheduler.viewing import ClusterView
 
-    view = ClusterView(bus, settings=settings.scheduler, health_replay_s=600.0)
+    own = view is None
+    if view is None:
+        view = ClusterView(bus, settings=settings.scheduler, health_replay_s=600.0)
+        await view.start()
     alerts: deque[HealthEvent] = deque(maxlen=50)
     sub = await _collect_alerts(bus, alerts)
-    await view.start()
     tick = 0
     try:
         while not stop.is_set():
-            summary = summarise(view.state, alerts=alerts)
+            checkpoints = await _checkpoints(bus, view.state)
+            summary = summarise(view.state, alerts=alerts, checkpoints=checkpoints)
             if live:
                 sys.stdout.write("\x1b[H\x1b[2J" + render(summary) + "\n")
                 sys.stdout.flush()
@@ -180,10 +197,25 @@ async def show_top(
                 async with asyncio.timeout(period_s):
                     await stop.wait()
         if not live:
-            print(render(summarise(view.state, alerts=alerts)), flush=True)
+            checkpoints = await _checkpoints(bus, view.state)
+            print(render(summarise(view.state, alerts=alerts, checkpoints=checkpoints)), flush=True)
     finally:
         await sub.unsubscribe()
-        await view.stop()
+        if own:
+            await view.stop()
+
+
+async def _checkpoints(bus: Bus, state: Any) -> dict[str, messages.CheckpointEvent]:
+    """The latest checkpoint of every job that holds devices (KV ``hcs_ckpt``)."""
+    from hcs.top import job_keys
+    from hcs_bus import checkpoint
+
+    found: dict[str, messages.CheckpointEvent] = {}
+    for namespace, job in job_keys(state):
+        last = await checkpoint.latest(bus, namespace=namespace, job=job)
+        if last is not None:
+            found[f"{namespace}/{job}"] = last
+    return found
 
 
 async def _collect_alerts(bus: Bus, alerts: deque[HealthEvent]) -> Any:
@@ -201,10 +233,14 @@ async def _collect_alerts(bus: Bus, alerts: deque[HealthEvent]) -> Any:
 def _progress_line(summary: dict[str, Any]) -> str:
     t = summary["totals"]
     last = summary["alerts"][-1] if summary["alerts"] else None
-    tail = ""
+    tail = "".join(
+        f" | job {j['job']} {j['pod']} on {j['node']} ({j['devices']}) "
+        f"at {j['checkpoint'] or 'no checkpoint'}"
+        for j in summary["jobs"]
+    )
     if last:
         where = last["node"] + (f"/{last['device']}" if last["device"] is not None else "")
-        tail = f" | last alert: {last['severity']} {last['verdict'] or last['kind']} on {where}"
+        tail += f" | last alert: {last['severity']} {last['verdict'] or last['kind']} on {where}"
     return (
         f"hcs: nodes {t['nodes']:.0f} devices {t['devices']:.0f} "
         f"unhealthy {t['unhealthy_devices']:.0f} VRAM free {t['vram_free_mib'] / 1024:,.0f}/"
@@ -215,7 +251,6 @@ def _progress_line(summary: dict[str, Any]) -> str:
 
 async def _top(bus: Bus, settings: Settings, *, once: bool, as_json: bool) -> int:
     from hcs.top import render, summarise
-    from scheduler.viewing import ClusterView
 
     if not once:
         stop = asyncio.Event()

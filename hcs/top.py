@@ -9,18 +9,57 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from typing import Any
 
-from hcs_bus.messages import HealthEvent
+from hcs_bus.messages import CheckpointEvent, HealthEvent
 from scheduler.state import ClusterState, NodeView, fleet_totals
 
 
-def summarise(state: ClusterState, *, alerts: deque[HealthEvent] | None = None) -> dict[str, Any]:
+def summarise(
+    state: ClusterState,
+    *,
+    alerts: deque[HealthEvent] | None = None,
+    checkpoints: dict[str, CheckpointEvent] | None = None,
+) -> dict[str, Any]:
     nodes = sorted(state.nodes.values(), key=lambda n: n.name)
     return {
         "nodes": [_node_row(n) for n in nodes],
         "models": _model_rows(nodes),
         "totals": fleet_totals(nodes),
+        "jobs": _job_rows(nodes, checkpoints or {}),
         "alerts": [_alert_row(e) for e in (alerts or ())],
     }
+
+
+def job_keys(state: ClusterState) -> set[tuple[str, str]]:
+    """(namespace, job) of every reservation that names a job."""
+    return {
+        (r.pod.namespace, r.job)
+        for node in state.nodes.values()
+        for r in node.reservations.values()
+        if r.job
+    }
+
+
+def _job_rows(
+    nodes: list[NodeView], checkpoints: dict[str, CheckpointEvent]
+) -> list[dict[str, Any]]:
+    rows = []
+    for node in nodes:
+        for r in node.reservations.values():
+            if not r.job:
+                continue
+            last = checkpoints.get(f"{r.pod.namespace}/{r.job}")
+            rows.append(
+                {
+                    "job": f"{r.pod.namespace}/{r.job}",
+                    "pod": r.pod.name,
+                    "node": node.name,
+                    "devices": f"{len(r.devices)} × {r.vendor}/{r.model}",
+                    "state": r.state,
+                    "checkpoint": last.uri if last else "",
+                    "step": last.step if last else None,
+                }
+            )
+    return sorted(rows, key=lambda row: (row["job"], row["pod"]))
 
 
 def _node_row(node: NodeView) -> dict[str, Any]:
@@ -104,6 +143,11 @@ def render(summary: dict[str, Any]) -> str:
         f"unhealthy {t['unhealthy_devices']:.0f}  VRAM {_gib(t['vram_free_mib'])}/"
         f"{_gib(t['vram_total_mib'])} GiB free  ACU {t['acu']:,.0f}",
     ]
+    if summary["jobs"]:
+        lines += ["", f"{'JOB':<20} {'POD':<12} {'NODE':<16} {'DEVICES':<26} LAST CHECKPOINT"]
+        for j in summary["jobs"]:
+            where = f"{j['job']:<20} {j['pod']:<12} {j['node']:<16} {j['devices']:<26}"
+            lines.append(f"{where} {j['checkpoint']}")
     if summary["alerts"]:
         lines += ["", "RECENT ALERTS (hcs.health.*)"]
         for a in summary["alerts"][-8:]:

@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import fleet as fleet_file
+from hcs.demo import DemoJob
 from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.errors import ConfigError
 from hcs_bus.natsserver import NatsServer
 from hcs_bus.settings import Settings, replace
 from hcs_bus.telemetry import logger
+from scheduler.viewing import ClusterView
 
 _log = logger("hcs.up")
 
@@ -39,6 +41,7 @@ class UpOptions:
     extender: str
     webhook: str
     state_dir: Path | None
+    demo_job: bool = True
 
 
 @dataclass
@@ -125,15 +128,30 @@ async def _run_stack(settings: Settings, options: UpOptions, *, state_dir: Path)
         _print_endpoints(settings, state_dir=state_dir, certs_dir=certs_dir)
         from hcs.cli import show_top  # the live view shares code with `hcs top`
 
-        top = asyncio.create_task(show_top(bus, settings, live=sys.stdout.isatty(), stop=stop))
-        watcher = asyncio.create_task(_watch_parts(running, stop))
+        view = ClusterView(bus, settings=settings.scheduler, health_replay_s=600.0)
+        await view.start()
+        live = sys.stdout.isatty()
+        background = [
+            tasks.start(show_top(bus, settings, live=live, stop=stop, view=view), name="up:top"),
+            tasks.start(_watch_parts(running, stop), name="up:watch"),
+        ]
+        if options.demo_job:
+            job = DemoJob(
+                bus=bus,
+                state=view.state,
+                webhook_url=f"https://{settings.injector.host}:{settings.injector.port}/mutate",
+                extender_url=f"http://{settings.scheduler.extender_host}:"
+                f"{settings.scheduler.extender_port}",
+                ca_file=certs_dir / "ca.crt",
+            )
+            background.append(tasks.start(job.run(), name="up:demo-job"))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(options.for_s):
                 await stop.wait()
         stop.set()
-        await asyncio.gather(top, return_exceptions=True)
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        await asyncio.gather(background[0], return_exceptions=True)
+        await tasks.stop(*background[1:])
+        await view.stop()
         failed = [p.name for p in running if p.process and p.process.returncode not in (None, 0)]
         return 1 if failed else 0
     finally:

@@ -157,9 +157,7 @@ class Booker:
             await self._mark_bound(pod.ref, node=node)
         except HcsError as exc:  # the pod is bound; expiry must not take it back
             _log.error("mark_bound_failed", pod=pod.ref.name, node=node, error=str(exc))
-        await self._announce(
-            node, reservation, state="bound", reason=note, annotations=annotations
-        )
+        await self._announce(node, reservation, state="bound", reason=note, annotations=annotations)
         BINDS.add(1, {"outcome": "bound"})
         return ""
 

@@ -15,16 +15,23 @@ from pathlib import Path
 
 from hcs_bus.natsserver import free_port
 
+# The demo job asks for 8 × A100-80G with substitution allowed: it starts on
+# gpu-a, whose device 2 then fails; the replacement must land on gpu-h and
+# resume from the job's last checkpoint.
 FLEET = """
 report_interval_s: 1
 seed: 1
 nodes:
   - name: gpu-a
     network_group: ng-a
-    devices: {model: nvidia/A100-80G, count: 4}
+    devices: {model: nvidia/A100-80G, count: 8}
     topology: nvlink
     failures:
-      - {at_s: 1, device: 2, kind: xid, code: 79}
+      - {at_s: 9, device: 2, kind: xid, code: 79}
+  - name: gpu-h
+    network_group: ng-a
+    devices: {model: nvidia/H100-SXM, count: 8}
+    topology: nvlink
   - name: npu-b
     network_group: ng-b
     devices: {model: huawei/Ascend910B2, count: 4}
@@ -99,7 +106,7 @@ def test_hcs_up_runs_every_part_shows_the_fault_and_stops_cleanly(tmp_path: Path
             "hcs.cli",
             "up",
             "--for",
-            "12",
+            "22",
             "--fleet",
             str(fleet),
             "--state-dir",
@@ -137,11 +144,18 @@ def test_hcs_up_runs_every_part_shows_the_fault_and_stops_cleanly(tmp_path: Path
     assert answer.get("allowed") is True, answer
     patch = json.loads(base64.b64decode(str(answer["patch"])))
     assert any(op["path"] == "/spec/affinity" for op in patch)
-    table = out[out.rindex("NODE") :]
+    table = out[out.rindex("\nNODE") + 1 :]
     a100 = next(line for line in table.splitlines() if line.startswith("gpu-a "))
     assert a100.split()[5] == "1", table  # FAIL column: the Xid 79 device
     assert "failed" in a100
     assert "Xid 79" in table
+    job = next(line for line in table.splitlines() if line.startswith("demo/llama"))
+    assert job.split()[1:3] == ["train-1", "gpu-h"], table
+    assert "s3://hcs-demo/llama/step-" in job
+    running = [json.loads(line) for line in err.splitlines() if "demo_pod_running" in line]
+    assert [r["node"] for r in running] == ["gpu-a", "gpu-h"], running
+    assert running[0]["resume_from"] is None
+    assert running[1]["resume_from"].startswith("s3://hcs-demo/llama/step-")
     for part in ("agents", "scheduler", "injector", "healer"):
         assert f'"part": "{part}", "code": 0' in err, err[-3000:]
     assert not _processes_mentioning(str(fleet)), "an agent process was left behind"
