@@ -209,7 +209,9 @@ def apply(node: SimNode, failure: Failure, *, now: float) -> list[HealthEvent]:
         return [event("thermal_throttle", "warning", "hw_thermal_slowdown")]
     if kind == "fall_off_bus" and dev is not None:
         dev.lost = True
-        return [event("device_lost", "fatal", "GPU has fallen off the bus", code=79)]
+        nvidia = dev.profile.vendor == "nvidia"  # Xid 79 is NVIDIA's code for it
+        lost = "GPU has fallen off the bus" if nvidia else "device has fallen off the bus"
+        return [event("device_lost", "fatal", lost, code=79 if nvidia else None)]
     if kind == "recover":
         for d in [dev] if dev else node.devices:
             d.speed, d.lost, d.hot = 1.0, False, False
