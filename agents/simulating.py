@@ -211,7 +211,7 @@ def apply(node: SimNode, failure: Failure, *, now: float) -> list[HealthEvent]:
         dev.lost = True
         nvidia = dev.profile.vendor == "nvidia"  # Xid 79 is NVIDIA's code for it
         lost = "GPU has fallen off the bus" if nvidia else "device has fallen off the bus"
-        return [event("device_lost", "fatal", lost, code=79 if nvidia else None)]
+        return [event("device_lost", "fatal", lost, **({"code": 79} if nvidia else {}))]
     if kind == "recover":
         for d in [dev] if dev else node.devices:
             d.speed, d.lost, d.hot = 1.0, False, False
