@@ -8,6 +8,8 @@ there, the render runs on a temporary copy that lists their YAML files, and
 
 from __future__ import annotations
 
+import functools
+import re
 import shutil
 import subprocess
 import tempfile
@@ -28,7 +30,22 @@ def kubectl() -> str:
     found = shutil.which("kubectl")
     if not found:
         pytest.skip("needs kubectl (Debian package kubernetes-client)")
+    major = _kustomize_major(found)
+    if major is not None and major < 4:
+        pytest.skip(
+            f"needs kubectl with kustomize >= v4 (labels, patches); {found} has v{major} "
+            "(Debian's kubernetes-client 1.20 ships v2: install a current kubectl)"
+        )
     return found
+
+
+@functools.cache
+def _kustomize_major(binary: str) -> int | None:
+    out = subprocess.run(
+        [binary, "version", "--client"], capture_output=True, text=True, timeout=30
+    ).stdout
+    found = re.search(r"Kustomize Version: v(\d+)", out)
+    return int(found.group(1)) if found else None
 
 
 def missing_part_kustomizations() -> list[str]:
