@@ -49,8 +49,8 @@ class TelemetrySettings(_Group, frozen=True, forbid_unknown_fields=True):
     log_level: str = "info"
     log_format: Literal["json", "console"] = "json"
     service_name: str = "hcs"
-    otlp_endpoint: str | None = None
-    metrics_port: int | None = None
+    otlp_endpoint: str | None = None  # e.g. http://otel-collector:4318 (OTLP over HTTP)
+    metrics_port: int | None = None  # serve Prometheus /metrics on this port
 
 
 class KubeSettings(_Group, frozen=True, forbid_unknown_fields=True):

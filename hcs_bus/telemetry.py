@@ -15,13 +15,15 @@ from typing import Any
 
 import structlog
 from opentelemetry import metrics, trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import REGISTRY, generate_latest
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from prometheus_client import REGISTRY, generate_latest, start_http_server
 
 from hcs_bus.settings import TelemetrySettings
 
@@ -53,10 +55,18 @@ def configure(settings: TelemetrySettings, *, service: str | None = None) -> Non
         return
     _configured = True
     resource = Resource.create({"service.name": service or settings.service_name})
-    trace.set_tracer_provider(TracerProvider(resource=resource))
+    provider = TracerProvider(resource=resource)
+    if settings.otlp_endpoint:
+        exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint.rstrip("/") + "/v1/traces")
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
     metrics.set_meter_provider(
         MeterProvider(resource=resource, metric_readers=[PrometheusMetricReader()])
     )
+    if settings.metrics_port:
+        # Parts without an HTTP server of their own (agent, healer, mirror)
+        # serve /metrics here; the scheduler and injector also serve it on theirs.
+        start_http_server(settings.metrics_port)
 
 
 def logger(name: str) -> Any:
