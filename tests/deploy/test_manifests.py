@@ -58,6 +58,26 @@ def test_third_party_objects_have_their_required_fields(overlay: str) -> None:
     for monitor in by_kind(objects, "ServiceMonitor").values():
         assert monitor["spec"]["selector"]["matchLabels"] and monitor["spec"]["endpoints"]
         assert all(e["port"] for e in monitor["spec"]["endpoints"])
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+    monitors = by_kind(objects, "PodMonitor")
+    assert set(monitors) == {"hcs-agent", "hcs-healer", "hcs-mirror"}
+    for monitor in monitors.values():
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        [pods] = [
+            w["spec"]["template"]
+            for w in workloads
+            if wanted.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        ports = {
+            p["name"]: p["containerPort"]
+            for c in pods["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
+        env = {
+            e["name"]: e.get("value") for c in pods["spec"]["containers"] for e in c.get("env", [])
+        }
+        port = monitor["spec"]["podMetricsEndpoints"][0]["port"]
+        assert str(ports[port]) == env["HCS_TELEMETRY__METRICS_PORT"]
     for cert in by_kind(objects, "Certificate").values():
         assert cert["spec"]["secretName"] and cert["spec"]["issuerRef"]["name"] in by_kind(
             objects, "Issuer"
