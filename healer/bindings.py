@@ -37,9 +37,11 @@ class Bindings:
 
     def apply(self, event: AllocationEvent) -> None:
         key = f"{event.pod.namespace}/{event.pod.name}"
-        self._drop(key)
         if event.state not in ("reserved", "bound"):
+            if not _stale(self._pods.get(key), event):
+                self._drop(key)
             return
+        self._drop(key)
         binding = Binding(
             namespace=event.pod.namespace,
             name=event.pod.name,
@@ -68,3 +70,9 @@ class Bindings:
 
     def on_node(self, node: str) -> list[Binding]:
         return sorted((self._pods[k] for k in self._by_node.get(node, ())), key=lambda b: b.key)
+
+
+def _stale(current: Binding | None, event: AllocationEvent) -> bool:
+    """A release of an earlier pod of the same name (a StatefulSet's replacement
+    was bound before the old one's release arrived) must not forget the new one."""
+    return bool(current and current.uid and event.pod.uid and current.uid != event.pod.uid)

@@ -88,6 +88,8 @@ class Healer:
         self._tasks: list[asyncio.Task[Any]] = []
         self._leader_task: asyncio.Task[Any] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self._acting: set[asyncio.Task[Any]] = set()
+        self._leading = asyncio.Lock()
         self._seq = 0
 
     # -- lifecycle -------------------------------------------------------------
@@ -97,15 +99,24 @@ class Healer:
         await self.leader.changed.wait()
 
     async def stop(self) -> None:
-        await self._stop_consuming()
         if self._leader_task is not None:
             await tasks.stop(self._leader_task)
         await tasks.stop(*self._background)
-        await self.actor.close()
+        await self._stop_consuming()
 
     def _leadership(self, leader: bool) -> None:
-        starting = self._start_consuming() if leader else self._stop_consuming()
-        self._background.add(tasks.start(starting, name=f"healer:leadership:{leader}"))
+        task = tasks.start(self._follow_leadership(), name=f"healer:leadership:{leader}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _follow_leadership(self) -> None:
+        """Consume while leader, not otherwise; one change at a time, always to
+        the current state (a quick win-lose-win must not leave a follower consuming)."""
+        async with self._leading:
+            if self.leader.is_leader:
+                await self._start_consuming()
+            else:
+                await self._stop_consuming()
 
     async def _start_consuming(self) -> None:
         if self._tasks:
@@ -162,9 +173,13 @@ class Healer:
         self.ready.set()
 
     async def _stop_consuming(self) -> None:
+        """Stop consuming and acting: a replica that is not leader must not go on
+        evicting (PDB retries, checkpoint-then-evict) behind the new leader's back."""
         running, self._tasks = self._tasks, []
+        acting, self._acting = self._acting, set()
         self.ready.clear()
-        await tasks.stop(*running)
+        await tasks.stop(*running, *acting)
+        await self.actor.close()
 
     # -- inputs ----------------------------------------------------------------
 
@@ -278,20 +293,29 @@ class Healer:
                 await self._breaker_open(node, plan, reason=decision.reason)
                 return decisions.blocked(plan)
         if plan.taint is not None:
-            pods = [b.key for b in self.bindings.on_devices(node, plan.evict_now)]
+            pods = [b.key for b in self._victims(node, plan.evict_now)]
             if plan.taint:
                 await self.actor.taint(node, effect=plan.taint, reason=plan.reason, pods=pods)
             else:
                 await self.actor.untaint(node, reason=f"healthy again ({plan.reason})")
         if plan.evict_now:
-            victims = self.bindings.on_devices(node, plan.evict_now)
+            victims = self._victims(node, plan.evict_now)
             await self.actor.evict(victims, reason=f"devices {list(plan.evict_now)} failed")
         if plan.checkpoint_then_evict:
-            victims = self.bindings.on_devices(node, plan.checkpoint_then_evict)
-            self._background.add(
-                tasks.start(self._checkpoint_then_evict(node, victims), name=f"healer:ckpt:{node}")
+            victims = self._victims(node, plan.checkpoint_then_evict)
+            task = tasks.start(
+                self._checkpoint_then_evict(node, victims), name=f"healer:ckpt:{node}"
             )
+            self._acting.add(task)
+            task.add_done_callback(self._acting.discard)
         return plan.state
+
+    def _victims(self, node: str, devices: tuple[int, ...]) -> list[Any]:
+        """Pods on ``devices``; every HCS pod of the node when the whole node
+        (``NODE``: an event without a device index) is affected."""
+        if NODE in devices:
+            return self.bindings.on_node(node)
+        return self.bindings.on_devices(node, devices)
 
     async def _checkpoint_then_evict(self, node: str, victims: list[Any]) -> None:
         if not victims:

@@ -88,7 +88,7 @@ class Leader:
             return
         loop = asyncio.get_running_loop()
         while True:
-            won = await self.try_once(now=loop.time())
+            won = await self._attempt(now=loop.time())
             if not won and self.is_leader and self._deadline_passed(loop.time()):
                 self._set(False)
             elif won:
@@ -96,6 +96,20 @@ class Leader:
             elif not self.is_leader:
                 self._set(False)
             await asyncio.sleep(self.settings.retry_period_s)
+
+    async def _attempt(self, *, now: float) -> bool:
+        """``try_once``, cut off at the renew deadline while leading (as client-go):
+        a renewal still hanging when another replica may take over must not keep
+        this one acting as leader."""
+        if not self.is_leader or self._renewed_at is None:
+            return await self.try_once(now=now)
+        left = self.settings.renew_deadline_s - (now - self._renewed_at)
+        try:
+            async with asyncio.timeout(max(left, 0.0)):
+                return await self.try_once(now=now)
+        except TimeoutError:
+            _log.warning("lease_renew_timed_out", deadline_s=self.settings.renew_deadline_s)
+            return False
 
     def _deadline_passed(self, now: float) -> bool:
         return self._renewed_at is None or now - self._renewed_at >= self.settings.renew_deadline_s
@@ -118,6 +132,7 @@ class Leader:
         mine = record[0] == self.identity
         free = not record[0] or expired(self._observed, now=now, duration_s=s.lease_duration_s)
         if not mine and not free:
+            self._renewed_at = None  # another replica holds a live lease: we lead no more
             return False
         return await self._write(lease, now=now)
 

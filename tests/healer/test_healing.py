@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from hcs_bus import checkpoint, messages, subjects
+from hcs_bus import checkpoint, messages, subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
 from hcs_bus.messages import HealthEvent, Telemetry
@@ -335,3 +335,48 @@ async def test_unknown_kinds_are_counted_and_nothing_is_done(
     await wait_until(lambda: healer.unknown == 1)
     assert our_taint(apiserver, "n1") is None
     assert messages.decode(messages.encode(event), HealthEvent).kind == "gremlins"
+
+
+async def test_a_fatal_event_about_the_whole_node_evicts_every_hcs_pod_on_it(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    for name, node in (("a", "n1"), ("b", "n1"), ("elsewhere", "n2")):
+        apiserver.add_pod("ml", name, node=node)
+    await publish(bus, bound("n1", "a", (0,)), subjects.alloc("n1"))
+    await publish(bus, bound("n1", "b", (2, 3)), subjects.alloc("n1"))
+    await publish(bus, bound("n2", "elsewhere", (0,)), subjects.alloc("n2"))
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    event = health("n1", kind="aer_fatal", device=None, severity="fatal")  # no device index
+    await publish(bus, event, subjects.health("n1"))
+    await wait_until(lambda: not {("ml", "a"), ("ml", "b")} & set(apiserver.pods))
+    assert ("ml", "elsewhere") in apiserver.pods
+    assert our_taint(apiserver, "n1")["effect"] == "NoSchedule"  # type: ignore[index]
+
+
+async def test_a_healer_that_stops_leading_stops_retrying_its_evictions(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    apiserver.add_pod("ml", "held", node="n1", labels={"app": "held"})
+    apiserver.add_pdb("ml", "pdb", match_labels={"app": "held"}, min_available=1)
+    await publish(bus, bound("n1", "held", (0,)), subjects.alloc("n1"))
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    await publish(bus, health("n1", code=79, device=0), subjects.health("n1"))
+
+    def evictions() -> int:
+        return sum(1 for r in apiserver.requests if r.resource == "pods/eviction")
+
+    await wait_until(lambda: evictions() >= 2)  # the PDB refuses; retried with backoff
+    assert healer._leader_task is not None
+    await tasks.stop(healer._leader_task)  # another replica takes over from here
+    healer.leader._set(False)
+    await wait_until(lambda: not healer.ready.is_set())
+    await wait_until(lambda: not any(not t.done() for t in healer.actor._evictions.values()))
+    after = evictions()
+    await asyncio.sleep(0.5)  # several retry periods (≤ 0.2 s each): none may come
+    assert evictions() == after and ("ml", "held") in apiserver.pods
