@@ -207,7 +207,9 @@ class Bus:
         on_bad: Callable[[str], msgspec.Struct],
     ) -> Any:
         """Answer requests on ``subject`` in a queue group. A request that does
-        not decode is answered with ``on_bad(reason)`` and counted."""
+        not decode is answered with ``on_bad(reason)`` and counted; a handler
+        that raises is answered with ``on_bad(reason)`` too, never left to
+        time out."""
 
         async def respond(msg: Msg) -> None:
             try:
@@ -217,8 +219,12 @@ class Bus:
                 _log.warning("bad_request", subject=subject, error=str(exc))
                 await msg.respond(messages.encode(on_bad(f"bad request: {exc}")))
                 return
-            with _tracer.start_as_current_span(subject, context=extract_context(msg.headers)):
-                answer = await handler(value)
+            try:
+                with _tracer.start_as_current_span(subject, context=extract_context(msg.headers)):
+                    answer = await handler(value)
+            except Exception as exc:  # the asker gets a reason now, not a timeout later
+                _log.error("request_failed", subject=subject, error=repr(exc), exc_info=exc)
+                answer = on_bad(f"failed: {exc!r}")
             await msg.respond(messages.encode(answer))
 
         return await self.nc.subscribe(subject, queue=queue, cb=respond)

@@ -22,12 +22,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import msgspec
+from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from hcs_bus import messages, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import CasConflict, HcsError
+from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
 from hcs_bus.messages import (
     AllocationEvent,
     AllocState,
@@ -117,13 +118,19 @@ class Booker:
 
     # -- KV documents -----------------------------------------------------
     async def read(self, node: str) -> Doc:
+        key = subjects.alloc_key(node)
         try:
-            entry = await self.kv.get(subjects.alloc_key(node))
+            entry = await self.kv.get(key)
         except KeyNotFoundError:
             return Doc(None, None)
+        except NatsError as exc:  # timeouts, reconnects: a clear, retryable error
+            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
         if not entry.value:
             return Doc(None, entry.revision)
-        return Doc(_DOC.decode(entry.value), entry.revision)
+        try:
+            return Doc(_DOC.decode(entry.value), entry.revision)
+        except msgspec.MsgspecError as exc:
+            raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
 
     async def write(self, node: str, doc: NodeReservations, *, revision: int | None) -> int:
         key, data = subjects.alloc_key(node), messages.encode(doc)
@@ -134,6 +141,8 @@ class Booker:
         except KeyWrongLastSequenceError as exc:
             CONFLICTS.add(1)
             raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
+        except NatsError as exc:
+            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
 
     # -- bind -------------------------------------------------------------
     async def bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
@@ -150,7 +159,10 @@ class Booker:
             pod, reservation, node=node, vendor=demand.vendor
         )
         if note.startswith("hcs: Binding failed"):
-            await self.release(pod.ref, reason=note, state="released")
+            try:
+                await self.release(pod.ref, reason=note, state="released", node=node)
+            except HcsError as exc:  # left "reserved": expiry takes it back
+                _log.error("release_after_failed_binding", pod=pod.ref.name, error=str(exc))
             BINDS.add(1, {"outcome": "binding_failed"})
             return note
         try:
@@ -241,6 +253,9 @@ class Booker:
         try:
             entry = await self.ckpt.get(subjects.ckpt_key(pod.ref.namespace, pod.job))
         except (KeyNotFoundError, ValueError):
+            return None
+        except NatsError as exc:  # the bind goes on without a resume point
+            _log.warning("checkpoint_unreadable", job=pod.job, error=repr(exc))
             return None
         if not entry.value:
             return None

@@ -143,3 +143,28 @@ async def test_a_request_nobody_answers_times_out_within_its_budget(bus: Bus) ->
     else:
         raise AssertionError("a request nobody answers must time out")
     assert 0.25 <= loop.time() - started < 1.0
+
+
+async def test_a_handler_that_fails_answers_with_the_reason_instead_of_a_timeout(
+    bus: Bus,
+) -> None:
+    async def broken(req: messages.PlanRequest) -> messages.Plan:
+        raise RuntimeError(f"quota store down for {req.namespace}")
+
+    sub = await bus.serve(
+        "t.broken",
+        messages.PlanRequest,
+        broken,
+        queue="q",
+        on_bad=lambda why: messages.Plan(ok=False, reason=why),
+    )
+    try:
+        plan = await bus.request(
+            "t.broken",
+            messages.PlanRequest(namespace="ml", requests=messages.Requests(vram_mib=1)),
+            messages.Plan,
+            timeout_s=2.0,
+        )
+    finally:
+        await sub.unsubscribe()
+    assert not plan.ok and "quota store down for ml" in plan.reason

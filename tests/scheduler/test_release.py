@@ -6,13 +6,24 @@ import json
 from typing import Any
 
 import msgspec
+import nats.errors
 
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
+from hcs_bus.errors import KubeConflict
 from hcs_bus.messages import AllocationEvent, NodeReservations, PodRef, ReleaseRequest
+from scheduler.booking import Booker
 from scheduler.pods import PlanAnnotation, pod_info_from_dict
 from tests.scheduler.conftest import Start
-from tests.scheduler.helpers import A100_TWO, node_fp, pod, publish_fleet, until
+from tests.scheduler.helpers import (
+    A100_TWO,
+    FakeKube,
+    node_fp,
+    pod,
+    publish_fleet,
+    state_of,
+    until,
+)
 from tests.view.factories import reservation
 
 DEMAND = PlanAnnotation(**A100_TWO)
@@ -39,9 +50,6 @@ async def test_a_release_request_frees_the_pods_devices(bus: Bus, start_schedule
     assert event.state == "released" and event.node == "gpu-1" and len(event.devices) == 2
     doc = (await sched.booker.read("gpu-1")).doc
     assert doc is not None and doc.reservations == ()
-    again = await bus.request(
-        subjects.RELEASE, ReleaseRequest(pod=ref), AllocationEvent, timeout_s=5
-    )
     await until(lambda: sched.view.state.find_pod("ml-team/trainer") is None)
     again = await bus.request(
         subjects.RELEASE, ReleaseRequest(pod=ref), AllocationEvent, timeout_s=5
@@ -76,3 +84,47 @@ async def test_a_reservation_stuck_in_reserved_expires(bus: Bus, start_scheduler
     assert event.state == "expired" and event.pod.name == "lost"
     await until(lambda: sched.view.state.find_pod("ml/lost") is None)
     await sub.unsubscribe()
+
+
+class _RefusingKube(FakeKube):
+    async def bind_pod(self, namespace: str, name: str, **_kw: Any) -> Any:
+        raise KubeConflict(f"pod {namespace}/{name} is already bound")
+
+
+async def test_a_failed_binding_gives_the_devices_back_before_the_view_has_seen_them(
+    bus: Bus,
+) -> None:
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    view = state_of(node_fp("gpu-1"))  # never fed from KV: the view lags behind
+    booker = Booker(bus, kv=kv, ckpt=None, state=view, kube=_RefusingKube(), replica="r1")
+    info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
+    error = await booker.bind(info, DEMAND, node="gpu-1")
+    assert "Binding failed" in error and "already bound" in error
+    doc = (await booker.read("gpu-1")).doc
+    assert doc is not None and doc.reservations == ()
+
+
+class _UnreachableKV:
+    async def get(self, key: str) -> Any:
+        raise nats.errors.TimeoutError
+
+
+async def test_bind_answers_a_clear_error_when_the_reservation_bucket_is_unreachable(
+    bus: Bus,
+) -> None:
+    view = state_of(node_fp("gpu-1"))
+    booker = Booker(bus, kv=_UnreachableKV(), ckpt=None, state=view, kube=None, replica="r1")  # type: ignore[arg-type]
+    info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
+    error = await booker.bind(info, DEMAND, node="gpu-1")
+    assert error.startswith("hcs: cannot read") and "gpu-1" in error
+
+
+async def test_a_corrupt_reservation_document_is_named_not_taken_for_bad_arguments(
+    bus: Bus,
+) -> None:
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    await kv.put(subjects.alloc_key("gpu-1"), b"{not json")
+    booker = Booker(bus, kv=kv, ckpt=None, state=state_of(node_fp("gpu-1")), kube=None, replica="r")
+    info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
+    error = await booker.bind(info, DEMAND, node="gpu-1")
+    assert "corrupt" in error and subjects.alloc_key("gpu-1") in error
