@@ -29,6 +29,7 @@ FIELDS: Final = {
     "ai.compute/devices": "devices",
 }
 SUBSTITUTIONS: Final = ("allow", "ask", "deny")
+MAX_AMOUNT: Final = Decimal(2**63 - 1)  # Kubernetes keeps resource amounts in an int64
 TOPOLOGIES: Final = ("high-bandwidth", "any")
 
 
@@ -118,6 +119,8 @@ def _amount(ref: ContainerRef, key: str, value: Any) -> Decimal:
         amount = None
     if amount is None or amount < 0 or not amount.is_finite():
         raise PodError(f"{_where(ref)}: {key}: {value!r} is not a valid quantity")
+    if amount > MAX_AMOUNT:
+        raise PodError(f"{_where(ref)}: {key}: {value!r} is too large (at most {MAX_AMOUNT})")
     if key == "ai.compute/devices" and amount != amount.to_integral_value():
         raise PodError(f"{_where(ref)}: {key}: {value!r} must be a whole number of devices")
     return amount

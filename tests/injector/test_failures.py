@@ -132,6 +132,8 @@ async def test_oversized_body_gets_413(webhook_factory: Callable[..., Any]) -> N
         ({"ai.compute/vram": "16Gx"}, "ai.compute/vram: '16Gx' is not a valid quantity"),
         ({"ai.compute/devices": "1.5"}, "whole number of devices"),
         ({"ai.compute/acu": "-5"}, "ai.compute/acu: '-5'"),
+        ({"ai.compute/vram": "1e400"}, "ai.compute/vram: '1e400' is too large"),
+        ({"ai.compute/devices": "1e30"}, "ai.compute/devices: '1e30' is too large"),
     ],
 )
 async def test_bad_compute_requests_are_refused_naming_the_key(
