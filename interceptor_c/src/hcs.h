@@ -22,7 +22,20 @@
 
 /* ---------------------------------------------------------------- shm --- */
 #define HCS_SHM_MAGIC 0x4d415256534348ULL /* "HCSVRAM" little endian */
-#define HCS_SHM_VERSION 1u
+#define HCS_SHM_VERSION 2u
+/* Contended counters get a line pair of their own: Intel's spatial prefetcher
+ * pulls 128-byte pairs of lines, so 64-byte padding still shares. */
+#define HCS_LINE 128
+/* A process's slot is split into shards; each thread works on one of them
+ * (picked once per thread), so the threads of a process do not contend on
+ * one line. Only sums over the shards mean anything: a free on another
+ * thread than the allocation subtracts from another shard, and a shard's
+ * `used` may wrap below zero (unsigned, modulo 2^64). */
+#define HCS_SLOT_SHARDS 8
+/* A shard keeps freed quota, up to quota / 2^HCS_RESERVE_SHIFT per device,
+ * as a reserve for its next allocations instead of giving it back to the
+ * device counter (see shm.c). */
+#define HCS_RESERVE_SHIFT 2
 
 struct hcs_shm_header {
     uint64_t magic;
@@ -31,27 +44,36 @@ struct hcs_shm_header {
     uint32_t max_devices;
     uint32_t max_slots;
     uint64_t total_size;
-    uint64_t reserved[4];
-};
+    uint32_t slot_shards;
+    uint32_t line;
+    uint64_t reserved[3];
+} __attribute__((aligned(HCS_LINE)));
 
 struct hcs_shm_dev {
     _Atomic uint64_t used; /* bytes charged on this device, all processes */
     uint64_t quota;        /* informational: quota of the creating process */
-    uint64_t pad[6];
-} __attribute__((aligned(64)));
+} __attribute__((aligned(HCS_LINE)));
+
+struct hcs_shm_shard {
+    _Atomic uint64_t used[HCS_MAX_DEVICES];    /* bytes of live allocations */
+    _Atomic uint64_t reserve[HCS_MAX_DEVICES]; /* charged, backs nothing */
+} __attribute__((aligned(HCS_LINE)));
 
 struct hcs_shm_slot {
     _Atomic int32_t pid; /* 0 free, >0 owner, -1 being reclaimed */
     uint32_t pad0;
     _Atomic uint64_t start_time; /* /proc/<pid>/stat field 22, 0 unknown */
-    _Atomic uint64_t used[HCS_MAX_DEVICES];
-} __attribute__((aligned(64)));
+    struct hcs_shm_shard shard[HCS_SLOT_SHARDS] __attribute__((aligned(HCS_LINE)));
+} __attribute__((aligned(HCS_LINE)));
 
 struct hcs_shm {
     struct hcs_shm_header h;
     struct hcs_shm_dev dev[HCS_MAX_DEVICES];
     struct hcs_shm_slot slot[HCS_MAX_SLOTS];
 };
+_Static_assert(sizeof(struct hcs_shm_header) == 128, "header size");
+_Static_assert(sizeof(struct hcs_shm_dev) == 128, "device entry size");
+_Static_assert(sizeof(struct hcs_shm_slot) == 128 + HCS_SLOT_SHARDS * 256, "slot size");
 
 /* -------------------------------------------------------------- state --- */
 enum { HCS_MODE_UNINIT = 0, HCS_MODE_PASS = 1, HCS_MODE_ENFORCE = 2 };

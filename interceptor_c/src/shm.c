@@ -45,6 +45,8 @@ static void init_header(struct hcs_shm *s) {
     s->h.max_devices = HCS_MAX_DEVICES;
     s->h.max_slots = HCS_MAX_SLOTS;
     s->h.total_size = sizeof(struct hcs_shm);
+    s->h.slot_shards = HCS_SLOT_SHARDS;
+    s->h.line = HCS_LINE;
     for (int i = 0; i < HCS_MAX_DEVICES; i++) s->dev[i].quota = hcs_g.quota[i];
     __atomic_store_n(&s->h.magic, HCS_SHM_MAGIC, __ATOMIC_RELEASE);
 }
@@ -94,6 +96,7 @@ int hcs_shm_open(const char *path) {
             if (s->h.magic != HCS_SHM_MAGIC) why = "bad magic";
             else if (s->h.version != HCS_SHM_VERSION) why = "layout version mismatch";
             else if (s->h.max_devices != HCS_MAX_DEVICES || s->h.max_slots != HCS_MAX_SLOTS ||
+                     s->h.slot_shards != HCS_SLOT_SHARDS || s->h.line != HCS_LINE ||
                      s->h.header_size != sizeof(struct hcs_shm_header) || s->h.total_size != size ||
                      (size_t)st.st_size < size)
                 why = "layout geometry mismatch";
@@ -122,7 +125,11 @@ int hcs_shm_open(const char *path) {
  * caller must own the slot exclusively (pid already swapped to -1). */
 static void drain_slot(struct hcs_shm_slot *sl) {
     for (int d = 0; d < HCS_MAX_DEVICES; d++) {
-        uint64_t x = atomic_exchange_explicit(&sl->used[d], 0, memory_order_acq_rel);
+        uint64_t x = 0; /* the process's charge: shard sums, modulo 2^64 */
+        for (int k = 0; k < HCS_SLOT_SHARDS; k++) {
+            x += atomic_exchange_explicit(&sl->shard[k].used[d], 0, memory_order_acq_rel);
+            x += atomic_exchange_explicit(&sl->shard[k].reserve[d], 0, memory_order_acq_rel);
+        }
         if (x) atomic_fetch_sub_explicit(&hcs_g.shm->dev[d].used, x, memory_order_acq_rel);
     }
     atomic_store_explicit(&sl->start_time, 0, memory_order_relaxed);
@@ -155,7 +162,11 @@ static struct hcs_shm_slot *claim_slot(void) {
             int32_t expect = 0;
             if (atomic_load_explicit(&sl->pid, memory_order_relaxed) != 0) continue;
             if (!atomic_compare_exchange_strong(&sl->pid, &expect, self)) continue;
-            for (int d = 0; d < HCS_MAX_DEVICES; d++) atomic_store_explicit(&sl->used[d], 0, memory_order_relaxed);
+            for (int k = 0; k < HCS_SLOT_SHARDS; k++)
+                for (int d = 0; d < HCS_MAX_DEVICES; d++) {
+                    atomic_store_explicit(&sl->shard[k].used[d], 0, memory_order_relaxed);
+                    atomic_store_explicit(&sl->shard[k].reserve[d], 0, memory_order_relaxed);
+                }
             atomic_store_explicit(&sl->start_time, proc_start_time(self), memory_order_release);
             struct hcs_shm_slot *none = NULL;
             if (!atomic_compare_exchange_strong(&hcs_g.slot, &none, sl)) {
@@ -185,14 +196,82 @@ void hcs_after_fork_child(void) {
     hcs_ptrtab_reset();
 }
 
-static inline int try_add(_Atomic uint64_t *u, uint64_t size, uint64_t q) {
-    uint64_t cur = atomic_load_explicit(u, memory_order_relaxed);
-    do {
-        if (size > q || cur > q - size) return 0;
-    } while (!atomic_compare_exchange_weak_explicit(u, &cur, cur + size, memory_order_acq_rel, memory_order_relaxed));
-    return 1;
+/* Per thread: the shard of the process slot this thread adds to (0: not
+ * picked yet), and the device counter value this thread last saw. */
+static __thread unsigned tls_shard __attribute__((tls_model("initial-exec")));
+static __thread uint64_t tls_seen __attribute__((tls_model("initial-exec")));
+static _Atomic unsigned next_shard;
+
+static inline struct hcs_shm_shard *my_shard(struct hcs_shm_slot *sl) {
+    unsigned k = tls_shard;
+    if (HCS_UNLIKELY(k == 0)) {
+        k = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) % HCS_SLOT_SHARDS + 1;
+        tls_shard = k;
+    }
+    return &sl->shard[k - 1];
 }
 
+/* Give every reserve on dev (all processes) back to the device counter.
+ * Runs before a refusal and in memory-info calls, never on the hot path.
+ * The exchange hands each reserve to exactly one of: its owner (taking from
+ * it), another stealer, or drain_slot. */
+static int steal_reserves(int dev) {
+    struct hcs_shm *s = hcs_g.shm;
+    int any = 0;
+    for (int i = 0; i < HCS_MAX_SLOTS; i++) {
+        struct hcs_shm_slot *sl = &s->slot[i];
+        if (atomic_load_explicit(&sl->pid, memory_order_relaxed) == 0) continue;
+        for (int k = 0; k < HCS_SLOT_SHARDS; k++) {
+            _Atomic uint64_t *r = &sl->shard[k].reserve[dev];
+            if (atomic_load_explicit(r, memory_order_relaxed) == 0) continue;
+            uint64_t x = atomic_exchange_explicit(r, 0, memory_order_acq_rel);
+            if (x) {
+                atomic_fetch_sub_explicit(&s->dev[dev].used, x, memory_order_release);
+                any = 1;
+            }
+        }
+    }
+    return any;
+}
+
+/* Add size to *u unless the result would exceed q. The CAS only succeeds
+ * when *u still equals cur, and cur + size <= q was checked just before, so
+ * the counter never goes past the quota, whatever other threads and
+ * processes do at the same time (every change of *u is an atomic RMW, so
+ * they are all in one total order).
+ *
+ * The first CAS is tried with the value this thread last saw instead of a
+ * fresh load. A load of a line another core is writing fetches it shared,
+ * and the CAS then needs a second transfer to own it; a CAS with a stale
+ * guess fails but leaves the line owned by this core and returns the current
+ * value, so the retry normally succeeds without another transfer. Relaxed
+ * order is enough: the quota invariant is about this one location. */
+static inline int try_add(_Atomic uint64_t *u, uint64_t size, uint64_t q) {
+    if (size > q) return 0;
+    uint64_t cur = tls_seen;
+    if (cur > q - size) cur = atomic_load_explicit(u, memory_order_relaxed);
+    for (;;) {
+        if (cur > q - size) {
+            tls_seen = cur;
+            return 0;
+        }
+        if (atomic_compare_exchange_weak_explicit(u, &cur, cur + size, memory_order_relaxed, memory_order_relaxed)) {
+            tls_seen = cur + size;
+            return 1;
+        }
+    }
+}
+
+/* Accounting, per device d:
+ *   dev[d].used = sum over slots and shards of (used[d] + reserve[d])
+ *                 (+ amounts in flight between two steps below)
+ * The device counter only grows through try_add, which never takes it past
+ * the quota, and the bytes of live allocations are part of it, so they never
+ * exceed the quota either. Taking from a reserve and putting into one only
+ * move bytes inside a slot; the device counter does not change.
+ * Every move takes from its source first and adds to its target second, so
+ * a process killed between the two leaves the bytes counted in dev[d].used
+ * but in no slot: an over-count, never an under-count. */
 int hcs_charge(int dev, uint64_t size) {
     if (HCS_UNLIKELY((unsigned)dev >= HCS_MAX_DEVICES)) return 0;
     uint64_t q = hcs_g.quota[dev];
@@ -202,31 +281,56 @@ int hcs_charge(int dev, uint64_t size) {
         sl = claim_slot();
         if (!sl) return -1;
     }
-    _Atomic uint64_t *u = &hcs_g.shm->dev[dev].used;
-    if (HCS_UNLIKELY(!try_add(u, size, q))) {
-        hcs_reap(); /* maybe a crashed process still holds memory */
-        if (!try_add(u, size, q)) {
-            HCS_LOG(HCS_LOG_INFO, "device %d: %llu bytes refused (used %llu of %llu)", dev,
-                    (unsigned long long)size, (unsigned long long)atomic_load(u), (unsigned long long)q);
-            return -1;
+    struct hcs_shm_shard *sh = my_shard(sl);
+    /* 1. this thread's reserve: lines no other thread writes, normally */
+    _Atomic uint64_t *res = &sh->reserve[dev];
+    uint64_t r = atomic_load_explicit(res, memory_order_relaxed);
+    while (r >= size) {
+        if (atomic_compare_exchange_weak_explicit(res, &r, r - size, memory_order_relaxed, memory_order_relaxed)) {
+            atomic_fetch_add_explicit(&sh->used[dev], size, memory_order_release);
+            return 1;
         }
     }
-    /* global first, slot second: a crash in between over-counts (safe) */
-    atomic_fetch_add_explicit(&sl->used[dev], size, memory_order_relaxed);
+    /* 2. the device counter, shared by all processes */
+    _Atomic uint64_t *u = &hcs_g.shm->dev[dev].used;
+    if (HCS_UNLIKELY(!try_add(u, size, q))) {
+        /* reserves anywhere, then a crashed process, may hold the bytes */
+        if (!(steal_reserves(dev) && try_add(u, size, q))) {
+            hcs_reap();
+            if (!try_add(u, size, q)) {
+                HCS_LOG(HCS_LOG_INFO, "device %d: %llu bytes refused (used %llu of %llu)", dev,
+                        (unsigned long long)size, (unsigned long long)atomic_load(u), (unsigned long long)q);
+                return -1;
+            }
+        }
+    }
+    /* Release: whoever drains the slot sees the device add before it. */
+    atomic_fetch_add_explicit(&sh->used[dev], size, memory_order_release);
     return 1;
 }
 
 void hcs_refund(int dev, uint64_t size) {
     struct hcs_shm_slot *sl = atomic_load_explicit(&hcs_g.slot, memory_order_acquire);
     if (HCS_UNLIKELY(!sl)) return; /* slot already released at exit */
-    atomic_fetch_sub_explicit(&sl->used[dev], size, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&hcs_g.shm->dev[dev].used, size, memory_order_release);
+    struct hcs_shm_shard *sh = my_shard(sl);
+    atomic_fetch_sub_explicit(&sh->used[dev], size, memory_order_relaxed);
+    /* Keep it as this thread's reserve if that stays under the cap (a soft
+     * cap: threads sharing a shard may pass it a little). */
+    uint64_t cap = hcs_g.quota[dev] >> HCS_RESERVE_SHIFT;
+    _Atomic uint64_t *res = &sh->reserve[dev];
+    uint64_t r = atomic_load_explicit(res, memory_order_relaxed);
+    if (HCS_LIKELY(size <= cap && r <= cap - size)) {
+        atomic_fetch_add_explicit(res, size, memory_order_release);
+        return;
+    }
+    tls_seen = atomic_fetch_sub_explicit(&hcs_g.shm->dev[dev].used, size, memory_order_release) - size;
 }
 
 int hcs_view(int dev, uint64_t phys_free, uint64_t *free, uint64_t *total) {
     if ((unsigned)dev >= HCS_MAX_DEVICES || hcs_g.quota[dev] == HCS_UNLIMITED) return 0;
     uint64_t q = hcs_g.quota[dev];
     hcs_reap(); /* not a hot path: show memory of dead processes as free */
+    steal_reserves(dev); /* and quota kept in reserves */
     uint64_t used = atomic_load_explicit(&hcs_g.shm->dev[dev].used, memory_order_acquire);
     uint64_t f = used < q ? q - used : 0;
     if (f > phys_free) f = phys_free;

@@ -39,6 +39,7 @@ if [ "$kind" = asan ]; then
     cli contend 4 300 100Mi stats 0
 else
     cli contend 8 1500 300Mi stats 0
+    cli contend 8 1500 150Mi stats 0 cu.info
     cli gpa v2 12000 0 contend 4 500 300Mi
 fi
 echo "$kind: all scenarios passed"
