@@ -95,7 +95,8 @@ class Actor:
         self._evictions: dict[str, asyncio.Task[None]] = {}
         self._seq = 0
 
-    async def taint(self, node: str, *, effect: str, reason: str, pods: list[str]) -> None:
+    async def taint(self, node: str, *, effect: str, reason: str, pods: list[str]) -> bool:
+        """Set our taint; False when the API never accepted it (the caller retries later)."""
         value = taint_value(reason)
         if self.dry_run:
             await self._announce(
@@ -105,30 +106,35 @@ class Actor:
                 pods=pods,
                 reason=reason,
             )
-            return
+            return True
         kube = self._kube()
         stamp = _now_iso()
-        await self._retrying(
+        if not await self._retrying(
             f"taint {node}",
             lambda: kube.update_node_taints(
                 node, lambda ts: with_taint(ts, effect=effect, value=value, now_iso=stamp)
             ),
-        )
+        ):
+            return False
         await self._condition(node, healthy=False, reason=_camel(value), message=reason)
         ACTIONS.add(1, {"action": "taint", "effect": effect})
         _log.info("node_tainted", node=node, effect=effect, reason=reason)
+        return True
 
-    async def untaint(self, node: str, *, reason: str) -> None:
+    async def untaint(self, node: str, *, reason: str) -> bool:
+        """Remove our taint; False when the API never accepted it (the caller retries later)."""
         if self.dry_run:
             await self._announce(node, action="untaint", taint=TAINT_KEY, pods=[], reason=reason)
-            return
+            return True
         kube = self._kube()
-        await self._retrying(
+        if not await self._retrying(
             f"untaint {node}", lambda: kube.update_node_taints(node, without_taint)
-        )
+        ):
+            return False
         await self._condition(node, healthy=True, reason="Healthy", message=reason)
         ACTIONS.add(1, {"action": "untaint"})
         _log.info("node_untainted", node=node, reason=reason)
+        return True
 
     async def evict(self, pods: list[Binding], *, reason: str) -> None:
         """Evict each pod; a PDB refusal keeps retrying in the background."""

@@ -17,6 +17,7 @@ starve the fatal path), but a device missing or in error is judged at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from typing import Any
 
@@ -90,6 +91,7 @@ class Healer:
         self._background: set[asyncio.Task[Any]] = set()
         self._acting: set[asyncio.Task[Any]] = set()
         self._leading = asyncio.Lock()
+        self._unapplied: set[str] = set()
         self._seq = 0
 
     # -- lifecycle -------------------------------------------------------------
@@ -257,7 +259,7 @@ class Healer:
         return out
 
     async def _sweep(self) -> None:
-        """Nodes whose fingerprints stopped are lost."""
+        """Nodes whose fingerprints stopped are lost; refused taints are tried again."""
         loop = asyncio.get_running_loop()
         period = max(0.2, min(self.rules.node_stale_s / 4, 5.0))
         while True:
@@ -267,6 +269,8 @@ class Healer:
                 stale = now - seen >= self.rules.node_stale_s
                 if stale and self.nodes.get(node, decisions.NodeState()).verdict != "lost":
                     await self._reconsider(node, now=now)
+            retrying = [self._reconsider(n, now=now) for n in list(self._unapplied)]
+            await asyncio.gather(*retrying)  # taints the API refused until now
 
     # -- deciding and acting ------------------------------------------------------
 
@@ -280,11 +284,17 @@ class Healer:
             node_plan = decisions.plan(previous, judged, rules=self.rules)
             if judged.verdict != previous.verdict:
                 await self._publish_node_verdict(node, judged.verdict, node_plan.reason)
-            self.nodes[node] = await self._apply(node, node_plan, now=now)
+            self.nodes[node] = await self._apply(node, node_plan, previous=previous, now=now)
 
     async def _apply(
-        self, node: str, plan: decisions.NodePlan, *, now: float
+        self,
+        node: str,
+        plan: decisions.NodePlan,
+        *,
+        previous: decisions.NodeState,
+        now: float,
     ) -> decisions.NodeState:
+        self._unapplied.discard(node)
         if plan.empty:
             return plan.state
         if plan.isolates:
@@ -295,9 +305,16 @@ class Healer:
         if plan.taint is not None:
             pods = [b.key for b in self._victims(node, plan.evict_now)]
             if plan.taint:
-                await self.actor.taint(node, effect=plan.taint, reason=plan.reason, pods=pods)
+                done = await self.actor.taint(
+                    node, effect=plan.taint, reason=plan.reason, pods=pods
+                )
             else:
-                await self.actor.untaint(node, reason=f"healthy again ({plan.reason})")
+                done = await self.actor.untaint(node, reason=f"healthy again ({plan.reason})")
+            if not done:  # keep the effect really applied: the sweep plans the taint again
+                self._unapplied.add(node)
+                plan = dataclasses.replace(
+                    plan, state=dataclasses.replace(plan.state, effect=previous.effect)
+                )
         if plan.evict_now:
             victims = self._victims(node, plan.evict_now)
             await self.actor.evict(victims, reason=f"devices {list(plan.evict_now)} failed")

@@ -380,3 +380,29 @@ async def test_a_healer_that_stops_leading_stops_retrying_its_evictions(
     after = evictions()
     await asyncio.sleep(0.5)  # several retry periods (≤ 0.2 s each): none may come
     assert evictions() == after and ("ml", "held") in apiserver.pods
+
+
+async def test_a_taint_the_api_refused_until_the_actor_gave_up_is_applied_later(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    healer.actor.attempts = 2
+    tried: list[bool | None] = []
+    taint = healer.actor.taint
+
+    async def counting(node: str, **kw: Any) -> bool:
+        done = await taint(node, **kw)
+        tried.append(done)
+        return done
+
+    healer.actor.taint = counting  # type: ignore[method-assign]
+    apiserver.fail("get", "nodes", code=503, times=10_000)  # the API is down
+    await publish(bus, health("n1", code=79, device=0), subjects.health("n1"))
+    await wait_until(lambda: len(tried) >= 1)  # the actor gave up once
+    assert our_taint(apiserver, "n1") is None
+    apiserver._hooks.clear()  # the API is back
+    await wait_until(lambda: our_taint(apiserver, "n1") is not None)
+    assert our_taint(apiserver, "n1")["effect"] == "NoSchedule"  # type: ignore[index]
