@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sys
 from collections import deque
@@ -286,7 +287,7 @@ def _convert(args: argparse.Namespace) -> int:
     target = _profile(db, args.to, what="--to")
     if "/" in args.unit:
         source = _profile(db, args.unit, what="UNIT")
-        if args.amount <= 0 or args.amount != int(args.amount):
+        if not math.isfinite(args.amount) or args.amount <= 0 or args.amount != int(args.amount):
             raise ConfigError(f"AMOUNT: {args.amount} must be a whole number of devices")
         result = profiles.equivalent(source, int(args.amount), target)
     else:

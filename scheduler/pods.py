@@ -182,9 +182,15 @@ def requests_of(pod: PodObject) -> Requests | None:
     if unknown:
         names = ", ".join(sorted(RESOURCE_PREFIX + u for u in unknown))
         raise BadPod(f"unknown HCS resource {names}")
-    devices = int(totals["devices"]) if "devices" in totals else None
+    devices = totals.get("devices")
+    if devices is not None and devices != int(devices):
+        raise BadPod(f"resource {RESOURCE_PREFIX}devices: {devices:g} is not a whole number")
     extra = {field: totals.get(short, 0.0) for short, field in _FLOAT_RESOURCES.items()}
-    return Requests(vram_mib=int(totals.get("vram", 0)), devices=devices, **extra)
+    return Requests(
+        vram_mib=int(totals.get("vram", 0)),
+        devices=int(devices) if devices is not None else None,
+        **extra,
+    )
 
 
 def _amount(short: str, value: str | int | float) -> float:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from tests.view.factories import fingerprint
@@ -103,6 +105,13 @@ def test_convert_names_an_unknown_model() -> None:
     done = hcs("convert", "1", "nvidia/A100-80G", "--to", "nvidia/B9000")
     assert done.returncode == 2
     assert "nvidia/B9000" in done.stderr
+
+
+@pytest.mark.parametrize("amount", ["1e400", "nan", "-inf"])
+def test_convert_names_a_device_count_that_is_not_a_number(amount: str) -> None:
+    done = hcs("convert", "--to", "hygon/K100", "--", amount, "nvidia/A100-80G")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "AMOUNT" in done.stderr
 
 
 def test_certs_writes_a_ca_and_a_serving_pair_and_prints_the_bundle(tmp_path: Path) -> None:
