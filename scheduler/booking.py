@@ -67,6 +67,14 @@ class Kube(Protocol):
 
     async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]: ...
 
+    async def list_pods(
+        self,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[dict[str, Any]]: ...
+
 
 class Doc(msgspec.Struct, frozen=True):
     doc: NodeReservations | None

@@ -121,5 +121,7 @@ async def run(
     running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
     if kube is not None:
         running.append(tasks.start(watching.watch_pods(kube, booker), name="pod-watch"))
+        reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)
+        running.append(tasks.start(reconciling, name="pod-reconcile"))
     _log.info("scheduler_started", replica=replica, cluster=kube is not None)
     return Scheduler(view, planner, booker, service, extender, runner, running)

@@ -163,3 +163,6 @@ class FakeKube:
 
     async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]:
         return self.quotas.get(namespace, [])
+
+    async def list_pods(self, **_selectors: Any) -> list[dict[str, Any]]:
+        return list(self.pods.values())

@@ -12,6 +12,7 @@ from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeConflict
 from hcs_bus.messages import AllocationEvent, NodeReservations, PodRef, ReleaseRequest
+from scheduler import watching
 from scheduler.booking import Booker
 from scheduler.pods import PlanAnnotation, pod_info_from_dict
 from tests.scheduler.conftest import Start
@@ -128,3 +129,45 @@ async def test_a_corrupt_reservation_document_is_named_not_taken_for_bad_argumen
     info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
     error = await booker.bind(info, DEMAND, node="gpu-1")
     assert "corrupt" in error and subjects.alloc_key("gpu-1") in error
+
+
+async def test_a_pod_deleted_while_no_replica_watched_is_released_at_start(
+    bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
+) -> None:
+    await publish_fleet(bus, node_fp("gpu-1"))
+    apiserver.add_pod("ml", "kept")
+    uid = apiserver.pods[("ml", "kept")]["metadata"]["uid"]
+    kept = msgspec.structs.replace(
+        reservation("ml", "kept", [(0, 81920, True)]),
+        pod=PodRef(namespace="ml", name="kept", uid=uid),
+    )
+    gone = reservation("ml", "gone", [(1, 81920, True)])
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    doc = NodeReservations(node="gpu-1", reservations=(kept, gone))
+    await kv.put(subjects.alloc_key("gpu-1"), messages.encode(doc))
+    sched = await start_scheduler(bus, kube)
+    await until(lambda: sched.view.state.find_pod("ml/gone") is None)
+    held = (await sched.booker.read("gpu-1")).doc
+    assert held is not None and [r.pod.name for r in held.reservations] == ["kept"]
+
+
+def test_orphans_are_reservations_of_pods_gone_replaced_or_finished() -> None:
+    def api_pod(name: str, uid: str, phase: str = "Running") -> dict[str, Any]:
+        return {
+            "metadata": {"namespace": "ml", "name": name, "uid": uid},
+            "status": {"phase": phase},
+        }
+
+    def held(name: str, uid: str) -> tuple[str, Any]:
+        r = reservation("ml", name, [(0, 1024, False)])
+        return "n1", msgspec.structs.replace(r, pod=PodRef(namespace="ml", name=name, uid=uid))
+
+    pods = [api_pod("alive", "u1"), api_pod("replaced", "u3"), api_pod("done", "u4", "Succeeded")]
+    found = watching.orphans(
+        [held("alive", "u1"), held("gone", "u2"), held("replaced", "u2"), held("done", "u4")], pods
+    )
+    assert [(r.pod.name, why) for _n, r, why in found] == [
+        ("gone", "pod gone"),
+        ("replaced", "pod gone"),
+        ("done", "pod succeeded"),
+    ]
