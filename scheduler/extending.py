@@ -73,6 +73,11 @@ class Extender:
             except msgspec.MsgspecError as exc:
                 _log.warning("bad_extender_args", verb=verb, error=str(exc))
                 return web.Response(status=400, text=f"bad {verb} arguments: {exc}")
+            except Exception as exc:  # a reason for kube-scheduler, never a bare 500
+                _log.error("extender_failed", verb=verb, error=repr(exc), exc_info=exc)
+                answer = _failed(verb, f"hcs: {verb} failed: {exc!r}")
+                if answer is None:
+                    return web.Response(status=503, text=f"hcs: {verb} failed: {exc!r}")
             return web.Response(body=wire.ENCODER.encode(answer), content_type="application/json")
 
         return handle
@@ -217,6 +222,17 @@ class Extender:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=metrics_text(), content_type="text/plain")
+
+
+def _failed(
+    verb: str, reason: str
+) -> wire.ExtenderFilterResult | wire.ExtenderBindingResult | None:
+    """The answer carrying ``reason`` for verbs whose result has an ``Error``."""
+    if verb == "filter":
+        return wire.ExtenderFilterResult(error=reason)
+    if verb == "bind":
+        return wire.ExtenderBindingResult(error=reason)
+    return None
 
 
 async def serve(app: web.Application, *, host: str, port: int) -> web.AppRunner:

@@ -263,3 +263,23 @@ async def test_readyz_answers_503_until_the_view_has_replayed(
         async with session.get(f"{base}/metrics") as resp:
             assert "hcs_scheduler_fragmentation" in await resp.text()
     await asyncio.sleep(0)
+
+
+async def test_an_internal_failure_is_answered_with_its_reason_never_a_bare_500(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+
+    async def broken(*_args: Any, **_kw: Any) -> str:
+        raise RuntimeError("reservation store exploded")
+
+    sched.extender.booker.bind = broken
+    await _post(sched.port, "filter", _args("extender-filter-args-nodecache.json", plan=A100_TWO))
+    status, out = await _post(sched.port, "bind", k8s_doc("extender-binding-args.json"))
+    assert status == 200 and "reservation store exploded" in out["Error"]
+    sched.extender.planner.demand = broken
+    args = _args("extender-filter-args-nodecache.json", requests={"ai.compute/vram": "16Gi"})
+    status, out = await _post(sched.port, "filter", args)
+    assert status == 200 and out["NodeNames"] is None and "exploded" in out["Error"]
+    status, text = await _post(sched.port, "prioritize", args)
+    assert status == 503 and "exploded" in text
