@@ -132,7 +132,9 @@ def test_threads_contending_with_sizes_that_fit_a_reserve_never_exceed_the_quota
     assert int(r.ops("cu.info")[0]["free"]) == GiB  # reserves are not shown as used
 
 
-def test_processes_contending_with_sizes_that_fit_a_reserve_never_exceed_the_quota(vram: Env) -> None:
+def test_processes_contending_with_sizes_that_fit_a_reserve_never_exceed_the_quota(
+    vram: Env,
+) -> None:
     stub_shm = vram.tmp_path / "stub.shm"
     procs = [vram.spawn("contend", 3, 1500, "100Mi", STUB_SHM_PATH=str(stub_shm)) for _ in range(4)]
     total_ok = total_oom = 0
@@ -179,7 +181,9 @@ def test_reserve_of_a_killed_process_is_reclaimed(vram: Env) -> None:
 
 
 def test_reserve_is_returned_when_its_process_exits(vram: Env) -> None:
-    vram.cli("cu.alloc", "200Mi", "freeall", "cu.alloc", "50Mi")  # exits; 150 MiB reserve, 50 MiB live
+    vram.cli(
+        "cu.alloc", "200Mi", "freeall", "cu.alloc", "50Mi"
+    )  # exits; 150 MiB reserve, 50 MiB live
     r = vram.cli("cu.info", "cu.alloc", "1Gi")
     assert int(r.op(0)["free"]) == GiB
     assert r.op(1)["rc"] == "0"
