@@ -30,7 +30,6 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
 
 from hcs_bus import messages, subjects
 from hcs_bus.errors import (
@@ -164,7 +163,8 @@ class Bus:
         """Windowed async publish of (subject, message, msg_id); waits for all acks."""
         js = self.js
         for count, (subject, message, msg_id) in enumerate(items, start=1):
-            await js.publish_async(subject, messages.encode(message), headers={MSG_ID: msg_id})
+            headers = inject_headers({MSG_ID: msg_id})
+            await js.publish_async(subject, messages.encode(message), headers=headers)
             if count % window == 0:
                 await js.publish_async_completed()
         await js.publish_async_completed()
@@ -375,25 +375,26 @@ class Consumer(Generic[T]):
                     await sub.unsubscribe()
 
     async def _loop(self) -> None:
-        if self._sub is None:
-            await self.start()
+        """The watchdog: whatever a fetch or a (re)subscription raises, the loop
+        waits a moment, subscribes again and carries on (DESIGN §7.3)."""
         while True:
-            if self._sub is None:
-                await self.start()
-                continue
             _raise_if_cancelling()
             try:
+                if self._sub is None:
+                    await self.start()
+                assert self._sub is not None
                 batch = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)
             except (NatsTimeout, TimeoutError):  # nats-py's fetch also raises the builtin
                 self.caught_up.set()
                 continue
-            except NotFoundError:
-                _log.warning("consumer_lost", stream=self.stream, durable=self.durable)
-                self._sub = None
-                await asyncio.sleep(self.fetch_timeout_s)
-                await self.start()
-                continue
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+                await asyncio.sleep(self.fetch_timeout_s)
+                continue
+            except Exception as exc:  # NotFound (consumer deleted) and the unforeseen
+                _log.warning(
+                    "consumer_restarting", stream=self.stream, durable=self.durable, error=repr(exc)
+                )
+                self._sub = None
                 await asyncio.sleep(self.fetch_timeout_s)
                 continue
             if not batch:
@@ -509,6 +510,7 @@ class Follower(Generic[T]):
         self.caught_up = asyncio.Event()
         self.delivered = 0
         self.dead = 0
+        self.failed = 0
         self._decode = messages.decoder_for(kind).decode
         self._sub: JetStreamContext.PushSubscription | None = None
 
@@ -544,6 +546,10 @@ class Follower(Generic[T]):
             value = None
         seq, pending = _ack_fields(msg)
         if value is not None:
-            self.handle(Delivery(msg.subject, value, seq, pending, msg.headers))
+            try:
+                self.handle(Delivery(msg.subject, value, seq, pending, msg.headers))
+            except Exception as exc:  # one bad message must not stop the view
+                self.failed += 1
+                _log.error("handler_failed", subject=msg.subject, seq=seq, error=repr(exc))
         if pending == 0:
             self.caught_up.set()

@@ -256,18 +256,27 @@ class Kube:
                 return items, str(page.get("metadata", {}).get("resourceVersion", ""))
 
     async def evict_pod(
-        self, namespace: str, name: str, *, dry_run: bool = False
+        self, namespace: str, name: str, *, dry_run: bool = False, uid: str | None = None
     ) -> dict[str, Any]:
-        """POST a policy/v1 Eviction; KubeTooManyRequests (429) when a PDB refuses."""
+        """POST a policy/v1 Eviction; KubeTooManyRequests (429) when a PDB refuses.
+
+        ``uid``: evict only that incarnation of the pod (a precondition); a
+        same-named replacement answers KubeConflict (409) and is left alone.
+        """
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        options: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         if dry_run:
-            body["deleteOptions"] = {"dryRun": ["All"]}
+            options["dryRun"] = ["All"]
             extra["dry_run"] = "All"
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if options:
+            body["deleteOptions"] = options
         return await self._call(
             f"evict pod {namespace}/{name}",
             self._core.create_namespaced_pod_eviction,

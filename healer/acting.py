@@ -25,6 +25,7 @@ from hcs_bus import subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.errors import (
     HcsError,
+    KubeConflict,
     KubeError,
     KubeInvalid,
     KubeNotFound,
@@ -163,9 +164,12 @@ class Actor:
         delay = self.retry_initial_s
         while True:
             try:
-                await kube.evict_pod(pod.namespace, pod.name)
+                await kube.evict_pod(pod.namespace, pod.name, uid=pod.uid or None)
             except KubeNotFound:
                 _log.info("evict_gone", pod=pod.key)
+                return
+            except KubeConflict:  # the uid precondition: a same-named replacement now
+                _log.info("evict_replaced", pod=pod.key, uid=pod.uid)
                 return
             except KubeTooManyRequests:
                 _log.info("evict_refused_by_pdb", pod=pod.key, retry_s=delay)

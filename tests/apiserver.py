@@ -125,6 +125,7 @@ class ApiServer:
         ready: bool = True,
         resources: Obj | None = None,
         scheduler_name: str = "default-scheduler",
+        uid: str | None = None,
     ) -> Obj:
         spec: Obj = {
             "schedulerName": scheduler_name,
@@ -140,6 +141,8 @@ class ApiServer:
         }
         if annotations:
             pod["metadata"]["annotations"] = dict(annotations)
+        if uid:
+            pod["metadata"]["uid"] = uid
         return self.store("pods", (namespace, name), pod)
 
     def update_pod(self, namespace: str, name: str, mutate: Callable[[Obj], None]) -> Obj:

@@ -168,3 +168,68 @@ async def test_a_handler_that_fails_answers_with_the_reason_instead_of_a_timeout
     finally:
         await sub.unsubscribe()
     assert not plan.ok and "quota store down for ml" in plan.reason
+
+
+async def test_a_follower_whose_handler_fails_on_a_message_still_catches_up(bus: Bus) -> None:
+    from hcs_bus.bus import Follower
+
+    for code in (1, 2, 3):
+        await bus.publish(subjects.health("n1"), _event("n1", code), msg_id=f"f{code}")
+    seen: list[int] = []
+
+    def handle(item: Delivery[HealthEvent]) -> None:
+        if item.value.code == 3:  # the last replayed message
+            raise RuntimeError("a bug in a handler")
+        seen.append(item.value.code or 0)
+
+    follower = Follower(
+        bus, stream=HEALTH, subject=subjects.HEALTH_ALL, kind=HealthEvent, handle=handle
+    )
+    await follower.start()
+    try:
+        async with asyncio.timeout(5):
+            await follower.caught_up.wait()
+        await bus.publish(subjects.health("n1"), _event("n1", 4), msg_id="f4")
+        async with asyncio.timeout(5):
+            while 4 not in seen:
+                await asyncio.sleep(0.02)
+    finally:
+        await follower.stop()
+    assert seen == [1, 2, 4] and follower.failed == 1
+
+
+async def test_a_consumer_survives_an_unexpected_fetch_error_and_goes_on(bus: Bus) -> None:
+    got: list[int] = []
+
+    async def handle(items: list[Delivery[HealthEvent]]) -> None:
+        got.extend(d.value.code or 0 for d in items)
+
+    consumer = Consumer(
+        bus,
+        stream=HEALTH,
+        kind=HealthEvent,
+        handle=handle,
+        durable="t-watchdog",
+        fetch_timeout_s=0.1,
+    )
+    await consumer.start()
+    assert consumer._sub is not None
+    real_fetch = consumer._sub.fetch
+    failures = [RuntimeError("a fetch that broke in a new way")]
+
+    async def flaky(*args: object, **kwargs: object) -> object:
+        if failures:
+            raise failures.pop()
+        return await real_fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+    consumer._sub.fetch = flaky  # type: ignore[method-assign]
+    task = asyncio.create_task(consumer.run())
+    try:
+        await bus.publish(subjects.health("n1"), _event("n1", 7), msg_id="w7")
+        async with asyncio.timeout(5):
+            while 7 not in got:
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert failures == [] and got == [7]

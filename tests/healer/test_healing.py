@@ -144,13 +144,33 @@ async def test_a_fatal_xid_taints_without_clobbering_and_recovery_untaints(
     await sub.unsubscribe()
 
 
+async def test_a_same_named_replacement_of_the_bound_pod_is_not_evicted(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    apiserver.add_node("n1")
+    apiserver.add_pod("ml", "train-0", node="n1", uid="uid-of-the-replacement")
+    await publish(bus, bound("n1", "train-0", (0,)), subjects.alloc("n1"))  # the old uid
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    await publish(bus, health("n1", code=79, device=0), subjects.health("n1"))
+
+    def tried() -> bool:
+        return any(r.resource == "pods/eviction" for r in apiserver.requests)
+
+    await wait_until(tried)
+    await healer.actor.wait_evictions()
+    assert ("ml", "train-0") in apiserver.pods
+    assert "ml/train-0" not in healer.actor.evicted
+
+
 async def test_only_pods_on_the_failed_devices_are_evicted_and_a_pdb_refusal_is_retried(
     bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
 ) -> None:
     apiserver.add_node("n1")
     requests, sub = await collect(bus, "hcs.ckpt.request.>")
     for name, node in (("on-bad", "n1"), ("on-good", "n1"), ("elsewhere", "n2")):
-        apiserver.add_pod("ml", name, node=node, labels={"app": name})
+        apiserver.add_pod("ml", name, node=node, labels={"app": name}, uid=f"uid-{name}")
     apiserver.add_pdb("ml", "pdb", match_labels={"app": "on-bad"}, min_available=1)
     await publish(bus, bound("n1", "on-bad", (0, 1), job="llama"), subjects.alloc("n1"))
     await publish(bus, bound("n1", "on-good", (2,)), subjects.alloc("n1"))
@@ -178,7 +198,7 @@ async def test_dry_run_publishes_the_actions_and_calls_no_api(
     bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
 ) -> None:
     apiserver.add_node("n1")
-    apiserver.add_pod("ml", "p", node="n1")
+    apiserver.add_pod("ml", "p", node="n1", uid="uid-p")
     await publish(bus, bound("n1", "p", (0,)), subjects.alloc("n1"))
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
     healer = await make(kube, dry_run=True)
@@ -251,7 +271,7 @@ async def test_degraded_asks_for_a_checkpoint_and_evicts_after_it_arrives(
     bus: Bus, kube: Kube, apiserver: ApiServer, make: Make, tmp_path: Path
 ) -> None:
     apiserver.add_node("n1")
-    apiserver.add_pod("ml", "trainer-0", node="n1")
+    apiserver.add_pod("ml", "trainer-0", node="n1", uid="uid-trainer-0")
     await checkpoint.report(bus, namespace="ml", job="llama", uri="old", step=10)
     await publish(bus, bound("n1", "trainer-0", (0,), job="llama"), subjects.alloc("n1"))
     sidecar = Sidecar(bus, root=tmp_path, namespace="ml", job="llama", interval_s=0.05)
@@ -342,7 +362,7 @@ async def test_a_fatal_event_about_the_whole_node_evicts_every_hcs_pod_on_it(
 ) -> None:
     apiserver.add_node("n1")
     for name, node in (("a", "n1"), ("b", "n1"), ("elsewhere", "n2")):
-        apiserver.add_pod("ml", name, node=node)
+        apiserver.add_pod("ml", name, node=node, uid=f"uid-{name}")
     await publish(bus, bound("n1", "a", (0,)), subjects.alloc("n1"))
     await publish(bus, bound("n1", "b", (2, 3)), subjects.alloc("n1"))
     await publish(bus, bound("n2", "elsewhere", (0,)), subjects.alloc("n2"))
@@ -360,7 +380,7 @@ async def test_a_healer_that_stops_leading_stops_retrying_its_evictions(
     bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
 ) -> None:
     apiserver.add_node("n1")
-    apiserver.add_pod("ml", "held", node="n1", labels={"app": "held"})
+    apiserver.add_pod("ml", "held", node="n1", labels={"app": "held"}, uid="uid-held")
     apiserver.add_pdb("ml", "pdb", match_labels={"app": "held"}, min_available=1)
     await publish(bus, bound("n1", "held", (0,)), subjects.alloc("n1"))
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))

@@ -284,6 +284,14 @@ async def _evict(server: ApiServer, request: web.Request, info: Info) -> web.Res
     pod = _get_stored(server, info)
     options = body.get("deleteOptions") or {}
     dry_run = request.query.get("dryRun") == "All" or options.get("dryRun") == ["All"]
+    wanted = (options.get("preconditions") or {}).get("uid")
+    if wanted and wanted != pod["metadata"]["uid"]:
+        raise Problem(
+            409,
+            "Conflict",
+            f"Precondition failed: UID in precondition: {wanted}, "
+            f"UID in object meta: {pod['metadata']['uid']}",
+        )
     phase = pod["status"].get("phase")
     if phase not in ("Succeeded", "Failed", "Pending") and not pod["metadata"].get(
         "deletionTimestamp"

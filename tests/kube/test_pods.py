@@ -96,6 +96,18 @@ async def test_a_not_ready_pod_can_be_evicted_while_the_budget_is_healthy(
     assert (NS, "trainer-sick") not in apiserver.pods
 
 
+async def test_an_eviction_for_an_old_uid_leaves_a_same_named_replacement_alone(
+    apiserver: ApiServer, kube: Kube
+) -> None:
+    apiserver.add_pod(NS, "train-0", node="n1")
+    uid = apiserver.pods[(NS, "train-0")]["metadata"]["uid"]
+    with pytest.raises(KubeConflict, match="Precondition failed"):
+        await kube.evict_pod(NS, "train-0", uid=uid + "-old")
+    assert (NS, "train-0") in apiserver.pods
+    await kube.evict_pod(NS, "train-0", uid=uid)
+    assert (NS, "train-0") not in apiserver.pods
+
+
 async def test_evicting_a_missing_pod_is_kube_not_found(kube: Kube) -> None:
     with pytest.raises(KubeNotFound):
         await kube.evict_pod(NS, "gone")
