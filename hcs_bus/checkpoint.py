@@ -8,23 +8,49 @@ for a replacement pod of the same job (``HCS_RESUME_FROM`` in its env)::
 
     bus = await hcs_bus.bus.connect(settings.bus)
     await checkpoint.report(bus, namespace="ml", job="llama", uri="s3://b/ckpt-900", step=900)
+
+The stored step only moves forward: the write is a compare-and-set on the
+entry's revision, and a report whose step is not above the stored one (a late
+or retried report) is ignored — ``Reported.stored`` is False and
+``Reported.latest`` is the newer checkpoint kept.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import msgspec
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
 
 from hcs_bus import messages, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import BadMessage, BusUnavailable
+from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict
 from hcs_bus.messages import CheckpointEvent
 from hcs_bus.streams import KV_CKPT
 from hcs_bus.telemetry import logger
 
 _log = logger("hcs.checkpoint")
+CAS_ATTEMPTS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """What ``report`` did: ``stored`` False means a newer (or the same) step was
+    already the job's latest, kept as ``latest``."""
+
+    event: CheckpointEvent
+    stored: bool
+    latest: CheckpointEvent
+
+    @property
+    def step(self) -> int:
+        return self.event.step
+
+    @property
+    def uri(self) -> str:
+        return self.event.uri
 
 
 async def report(
@@ -36,8 +62,9 @@ async def report(
     step: int,
     framework: str = "",
     time_s: float | None = None,
-) -> CheckpointEvent:
-    """Record a complete checkpoint as the job's latest and announce it."""
+) -> Reported:
+    """Record a complete checkpoint as the job's latest (unless a step at least
+    as high is stored already) and announce it when stored."""
     if not uri:
         raise ValueError("checkpoint uri must not be empty")
     if step < 0:
@@ -50,16 +77,57 @@ async def report(
         time_s=time.time() if time_s is None else time_s,
         framework=framework,
     )
-    key = subjects.ckpt_key(namespace, job)
-    data = messages.encode(event)
     try:
         kv = await bus.js.key_value(KV_CKPT)
-        await kv.put(key, data)
-        await bus.nc.publish(subjects.ckpt(namespace, job), data)
     except NotFoundError as exc:
         raise BusUnavailable(f"KV bucket {KV_CKPT} missing (run hcs bus init)") from exc
+    done = await _store(kv, event)
+    if not done.stored:
+        _log.info(
+            "checkpoint_report_ignored",
+            namespace=namespace,
+            job=job,
+            step=step,
+            stored_step=done.latest.step,
+        )
+        return done
+    await bus.nc.publish(subjects.ckpt(namespace, job), messages.encode(event))
     _log.info("checkpoint_reported", namespace=namespace, job=job, step=step, uri=uri)
-    return event
+    return done
+
+
+async def _store(kv: KeyValue, event: CheckpointEvent) -> Reported:
+    """Compare-and-set ``event`` over the stored entry while it is older; retry on conflict."""
+    key = subjects.ckpt_key(event.namespace, event.job)
+    data = messages.encode(event)
+    for _attempt in range(CAS_ATTEMPTS):
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            entry = None
+        stored = _decode(entry.value, key) if entry is not None else None
+        if stored is not None and stored.step >= event.step:
+            return Reported(event, stored=False, latest=stored)
+        try:
+            if entry is None:
+                await kv.create(key, data)
+            else:
+                await kv.update(key, data, last=entry.revision)
+        except KeyWrongLastSequenceError:
+            continue  # another reporter wrote in between: judge again against theirs
+        return Reported(event, stored=True, latest=event)
+    raise CasConflict(f"KV {KV_CKPT} key {key}: {CAS_ATTEMPTS} conflicting writes in a row")
+
+
+def _decode(value: bytes | None, key: str) -> CheckpointEvent | None:
+    """The stored event; None (overwritable) when empty or not a CheckpointEvent."""
+    if not value:
+        return None
+    try:
+        return messages.decode(value, CheckpointEvent)
+    except msgspec.MsgspecError as exc:
+        _log.warning("checkpoint_entry_unreadable", key=key, error=str(exc))
+        return None
 
 
 async def latest(bus: Bus, *, namespace: str, job: str) -> CheckpointEvent | None:

@@ -15,6 +15,11 @@ checkpoint counts only once it is complete:
   is in it (written last by the coordinator).
 * PyTorch Lightning — ``last.ckpt`` (non-empty); its step is the highest
   ``step=N`` among the sibling ``*.ckpt`` files, else its mtime.
+
+A single-file checkpoint (Lightning's ``last.ckpt``) has no marker written
+after it, so it counts only once it has *settled*: the same size and mtime in
+the ``previous`` scan, or an mtime at least ``settle_s`` before ``now``. Both
+observations are passed in; nothing here reads a clock or the disk.
 """
 
 from __future__ import annotations
@@ -61,7 +66,24 @@ class Found:
     mtime: float = 0.0
 
 
-def detect(listing: Listing) -> list[Found]:
+@dataclass(frozen=True, slots=True)
+class Settling:
+    """What decides whether a single file is still being written: the scan
+    before this one, and (optionally) the time of this scan with how long a file
+    must have been left alone to count as written."""
+
+    previous: Listing | None = None
+    now: float | None = None
+    settle_s: float = 30.0
+
+    def settled(self, rel: str, info: FileInfo) -> bool:
+        before = self.previous.files.get(rel) if self.previous is not None else None
+        if before is not None and before == info:
+            return True
+        return self.now is not None and self.now - info.mtime >= self.settle_s
+
+
+def detect(listing: Listing, settling: Settling | None = None) -> list[Found]:
     """Every complete checkpoint in the listing, oldest step first."""
     dirs = listing.dirs_with_files()
     found = [
@@ -69,13 +91,13 @@ def detect(listing: Listing) -> list[Found]:
         *_deepspeed(listing, dirs),
         *_megatron(listing, dirs),
         *_dcp(listing),
-        *_lightning(listing),
+        *_lightning(listing, settling or Settling()),
     ]
     return sorted(found)
 
 
-def newest(listing: Listing) -> Found | None:
-    found = detect(listing)
+def newest(listing: Listing, settling: Settling | None = None) -> Found | None:
+    found = detect(listing, settling)
     return max(found, key=lambda f: (f.step, f.mtime)) if found else None
 
 
@@ -134,9 +156,9 @@ def _megatron(listing: Listing, dirs: set[str]) -> list[Found]:
     return [Found(step, "megatron", _uri(listing, name), mtime)]
 
 
-def _lightning(listing: Listing) -> list[Found]:
+def _lightning(listing: Listing, settling: Settling) -> list[Found]:
     info = listing.files.get("last.ckpt")
-    if info is None or info.size == 0:
+    if info is None or info.size == 0 or not settling.settled("last.ckpt", info):
         return []
     steps = [
         int(m.group(1))

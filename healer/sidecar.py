@@ -3,7 +3,9 @@
 Runs beside a training container sharing its checkpoint directory:
 
 * every ``--interval-s`` it scans the directory and reports each NEW COMPLETE
-  checkpoint (``healer.checkpoints``) with ``hcs_bus.checkpoint.report``;
+  checkpoint (``healer.checkpoints``) with ``hcs_bus.checkpoint.report``; a
+  single-file checkpoint (``last.ckpt``) must look the same in two scans in a
+  row, or be older than ``--settle-s``, to count as written;
 * it subscribes to ``hcs.ckpt.request.<ns>.<job>``: a ``CheckpointRequest``
   becomes the file ``<dir>/HCS_CHECKPOINT_REQUEST`` (JSON, written atomically)
   and, when ``--pid`` is given, SIGUSR1 to that process. The trainer watches
@@ -17,6 +19,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ from hcs_bus import checkpoint, messages, settings, streams, subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.messages import CheckpointRequest
 from hcs_bus.telemetry import configure, logger
-from healer.checkpoints import MARKERS, FileInfo, Found, Listing, newest
+from healer.checkpoints import MARKERS, FileInfo, Found, Listing, Settling, newest
 
 REQUEST_FILE = "HCS_CHECKPOINT_REQUEST"
 _log = logger("hcs.healer.sidecar")
@@ -61,6 +64,7 @@ class Sidecar:
         job: str,
         pid: int | None = None,
         interval_s: float = 5.0,
+        settle_s: float = 30.0,
     ) -> None:
         self.bus = bus
         self.root = root
@@ -68,7 +72,9 @@ class Sidecar:
         self.job = job
         self.pid = pid
         self.interval_s = interval_s
+        self.settle_s = settle_s
         self.reported: Found | None = None
+        self._previous: Listing | None = None
         self._sub: Any = None
 
     async def start(self) -> None:
@@ -92,10 +98,14 @@ class Sidecar:
 
     async def scan_once(self) -> Found | None:
         """Report the newest complete checkpoint if it is new; return it when reported."""
-        found = newest(await asyncio.to_thread(scan, self.root))
+        listing = await asyncio.to_thread(scan, self.root)
+        # mtimes are wall-clock file times, so "now" is the wall clock too
+        settling = Settling(previous=self._previous, now=time.time(), settle_s=self.settle_s)
+        self._previous = listing
+        found = newest(listing, settling)
         if found is None or (self.reported is not None and not _newer(found, self.reported)):
             return None
-        await checkpoint.report(
+        done = await checkpoint.report(
             self.bus,
             namespace=self.namespace,
             job=self.job,
@@ -103,8 +113,8 @@ class Sidecar:
             step=found.step,
             framework=found.framework,
         )
-        self.reported = found
-        return found
+        self.reported = found  # an ignored report (a newer step is stored) is not retried
+        return found if done.stored else None
 
     async def _on_request(self, msg: Any) -> None:
         try:
@@ -138,6 +148,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--job", required=True)
     parser.add_argument("--pid", type=int, default=None, help="trainer pid to send SIGUSR1")
     parser.add_argument("--interval-s", type=float, default=5.0)
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=30.0,
+        help="a single-file checkpoint unchanged this long counts as written",
+    )
     parser.add_argument("--config", default=None, help="HCS settings YAML")
     return parser.parse_args(argv)
 
@@ -154,6 +170,7 @@ async def _main(args: argparse.Namespace) -> None:
         job=args.job,
         pid=args.pid,
         interval_s=args.interval_s,
+        settle_s=args.settle_s,
     )
     try:
         await tasks.run_until_stopped(sidecar.run(), name="sidecar")

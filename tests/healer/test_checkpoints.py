@@ -11,7 +11,7 @@ import pytest
 from hcs_bus import checkpoint, messages, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import CheckpointRequest
-from healer.checkpoints import detect, newest
+from healer.checkpoints import FileInfo, Listing, Settling, detect, newest
 from healer.sidecar import REQUEST_FILE, Sidecar, scan
 
 
@@ -65,7 +65,7 @@ def test_each_layout_is_detected_and_incomplete_ones_ignored(
     files, step, name = LAYOUTS[framework]
     for rel, text in files.items():
         _write(tmp_path, rel, text)
-    found = detect(scan(tmp_path))
+    found = detect(scan(tmp_path), Settling(previous=scan(tmp_path)))
     assert [(f.framework, f.step, f.uri) for f in found] == [
         (framework, step, str(tmp_path / name))
     ]
@@ -119,3 +119,63 @@ async def test_the_sidecar_reports_new_checkpoints_and_writes_requests(
         assert json.loads(target.read_text())["request_id"] == "r1"
     finally:
         await sidecar.stop()
+
+
+async def test_a_late_report_of_a_lower_step_never_replaces_a_newer_checkpoint(bus: Bus) -> None:
+    await checkpoint.report(bus, namespace="ml", job="late", uri="s3://b/c-200", step=200)
+    late = await checkpoint.report(bus, namespace="ml", job="late", uri="s3://b/c-100", step=100)
+    again = await checkpoint.report(bus, namespace="ml", job="late", uri="s3://b/c-x", step=200)
+    got = await checkpoint.latest(bus, namespace="ml", job="late")
+    assert got is not None and (got.uri, got.step) == ("s3://b/c-200", 200)
+    assert not late.stored and late.latest.step == 200
+    assert not again.stored
+
+
+async def test_concurrent_reporters_never_end_with_the_lower_step(bus: Bus) -> None:
+    for round_ in range(5):
+        job = f"race-{round_}"
+        steps = [10 * i for i in range(1, 13)]
+        order = steps[round_ % 2 :: 2] + steps[1 - round_ % 2 :: 2]  # interleaved, not sorted
+        done = await asyncio.gather(
+            *(
+                checkpoint.report(bus, namespace="ml", job=job, uri=f"s3://b/{s}", step=s)
+                for s in reversed(order)
+            )
+        )
+        got = await checkpoint.latest(bus, namespace="ml", job=job)
+        assert got is not None and (got.step, got.uri) == (120, "s3://b/120")
+        assert any(r.stored and r.step == 120 for r in done)
+
+
+def test_a_last_ckpt_counts_only_once_it_is_unchanged_across_two_scans(tmp_path: Path) -> None:
+    _write(tmp_path, "epoch=1-step=400.ckpt", "w")
+    _write(tmp_path, "last.ckpt", "partial")
+    first = scan(tmp_path)
+    assert detect(first) == []  # nothing seen before: maybe still being written
+    assert detect(first, Settling(previous=first, now=None)) != []
+    (tmp_path / "last.ckpt").write_text("partial, and more bytes")  # still growing
+    second = scan(tmp_path)
+    assert detect(second, Settling(previous=first)) == []
+    found = detect(scan(tmp_path), Settling(previous=second))
+    assert [(f.framework, f.step) for f in found] == [("lightning", 400)]
+
+
+def test_a_last_ckpt_older_than_the_settle_time_counts_at_the_first_scan() -> None:
+    listing = Listing("/ckpt", {"last.ckpt": FileInfo(size=10, mtime=1000.0)})
+    assert detect(listing, Settling(now=1010.0, settle_s=30.0)) == []
+    assert [f.uri for f in detect(listing, Settling(now=1030.0, settle_s=30.0))] == [
+        "/ckpt/last.ckpt"
+    ]
+
+
+async def test_the_sidecar_waits_until_a_last_ckpt_stops_changing(bus: Bus, tmp_path: Path) -> None:
+    sidecar = Sidecar(bus, root=tmp_path, namespace="ml", job="lit")
+    _write(tmp_path, "last.ckpt", "half")
+    assert await sidecar.scan_once() is None  # first sight: maybe mid-write
+    (tmp_path / "last.ckpt").write_text("half and the rest")
+    assert await sidecar.scan_once() is None  # it changed since
+    assert await checkpoint.latest(bus, namespace="ml", job="lit") is None
+    found = await sidecar.scan_once()  # unchanged across two scans
+    assert found is not None and found.framework == "lightning"
+    latest = await checkpoint.latest(bus, namespace="ml", job="lit")
+    assert latest is not None and latest.uri == str(tmp_path / "last.ckpt")
