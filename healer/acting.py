@@ -3,7 +3,10 @@
 * Taint ``hcs.io/unhealthy`` by read-modify-write of the node's whole taint
   list (``Kube.update_node_taints``), never clobbering other taints; remove
   only ours on recovery.
-* Node condition ``HCSHealthy`` (True/False, reason, message) by strategic merge.
+* Node condition ``HCSHealthy`` (True/False, reason, message) by strategic merge;
+  ``lastTransitionTime`` moves only when the status changes (the actor keeps the
+  status and transition time it last applied, or adopted from the Node when a
+  new leader took over), ``lastHeartbeatTime`` on every patch.
 * Evictions through the Eviction API: a PodDisruptionBudget refusal (429) is
   retried in the background with backoff until allowed or the pod is gone.
 * Dry run (or no cluster): nothing is applied; every action is published as a
@@ -68,6 +71,25 @@ def taint_value(reason: str) -> str:
     return cleaned.strip("-_.")[:63].strip("-_.") or "unhealthy"
 
 
+def our_taint(node: dict[str, Any]) -> dict[str, Any] | None:
+    """Our ``hcs.io/unhealthy`` taint on a Node object, if it carries one."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return next((t for t in taints if t.get("key") == TAINT_KEY), None)
+
+
+def our_condition(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``HCSHealthy`` condition on a Node object, if it carries one."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == CONDITION), None)
+
+
+def transition_time(previous: tuple[str, str] | None, *, status: str, now_iso: str) -> str:
+    """The condition's lastTransitionTime: kept while the status stays the same."""
+    if previous is not None and previous[0] == status and previous[1]:
+        return previous[1]
+    return now_iso
+
+
 def _now_iso() -> str:
     # A wire timestamp for Kubernetes objects, not a decision input.
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -93,6 +115,7 @@ class Actor:
         self.retry_max_s = retry_max_s
         self.attempts = attempts
         self.evicted: list[str] = []
+        self.conditions: dict[str, tuple[str, str]] = {}  # node → (status, lastTransitionTime)
         self._evictions: dict[str, asyncio.Task[None]] = {}
         self._seq = 0
 
@@ -157,7 +180,16 @@ class Actor:
         await asyncio.gather(*self._evictions.values(), return_exceptions=True)
 
     async def close(self) -> None:
+        """Stop acting (leadership lost): what we applied is read again next term."""
         await tasks.stop(*self._evictions.values())
+        self.conditions.clear()
+
+    def adopt_condition(self, node: str, condition: dict[str, Any]) -> None:
+        """Remember a condition found on the Node (set by a previous leader), unless
+        this actor applied one itself since."""
+        status = str(condition.get("status") or "")
+        stamp = str(condition.get("lastTransitionTime") or "")
+        self.conditions.setdefault(node, (status, stamp))
 
     async def _evict_until_allowed(self, pod: Binding, *, reason: str) -> None:
         kube = self._kube()
@@ -186,17 +218,20 @@ class Actor:
     async def _condition(self, node: str, *, healthy: bool, reason: str, message: str) -> None:
         kube = self._kube()
         stamp = _now_iso()
+        status = "True" if healthy else "False"
+        since = transition_time(self.conditions.get(node), status=status, now_iso=stamp)
         condition = {
             "type": CONDITION,
-            "status": "True" if healthy else "False",
+            "status": status,
             "reason": reason,
             "message": message[:1000],
             "lastHeartbeatTime": stamp,
-            "lastTransitionTime": stamp,
+            "lastTransitionTime": since,
         }
-        await self._retrying(
+        if await self._retrying(
             f"condition {node}", lambda: kube.patch_node_condition(node, condition)
-        )
+        ):
+            self.conditions[node] = (status, since)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[Any]]) -> bool:
         """Run an API call with backoff; False (logged) when it never succeeded."""

@@ -8,6 +8,12 @@ every device (``healer.rules``), publishes each changed verdict on
 applies node plans (``healer.decisions``) through the circuit breaker and the
 ``Actor``. A degraded node's jobs are asked to checkpoint before eviction.
 
+A new leader starts knowing nothing of what the previous one applied, so it
+reads the Node of every node it learns about from fingerprints and *adopts*
+our taint (and the ``HCSHealthy`` condition) found there: the node is held at
+the verdict the taint stands for (an ``ADOPTED`` pseudo-device) until its
+fingerprints have been healthy for the recovery window, then untainted.
+
 Fatal events are judged the moment they arrive. A node's fingerprint
 telemetry is judged at most every ``telemetry_every_s`` (degradation is a
 matter of a 60 s window; 1 Hz fingerprints from 5,000 nodes would otherwise
@@ -25,14 +31,14 @@ from nats.js.api import DeliverPolicy
 
 from hcs_bus import subjects, tasks
 from hcs_bus.bus import Bus, Consumer, Delivery
-from hcs_bus.errors import HcsError, TemporaryError
+from hcs_bus.errors import HcsError, KubeNotFound, TemporaryError
 from hcs_bus.kube import Kube
 from hcs_bus.messages import AllocationEvent, HealthEvent, NodeFingerprint, Telemetry
 from hcs_bus.settings import HealerSettings
 from hcs_bus.streams import ALLOC, FP, HEALTH
 from hcs_bus.telemetry import logger, meter
 from healer import decisions, rules
-from healer.acting import Actor
+from healer.acting import Actor, our_condition, our_taint
 from healer.bindings import Bindings
 from healer.breaker import Breaker
 from healer.histories import DeviceHistory, FingerprintSample, Judgement
@@ -46,6 +52,8 @@ VERDICTS = _meter.create_counter("hcs_healer_verdicts", description="verdict cha
 UNKNOWN = _meter.create_counter("hcs_healer_unknown_kinds", description="unknown event kinds")
 
 NODE = -1  # history index for events about the whole node (no device index)
+ADOPTED = -2  # history index for a taint found on the Node, applied by a previous leader
+_READ_CONCURRENCY = 16  # Node reads in flight while adopting
 _EMPTY = Telemetry()
 _YIELD_EVERY = 25  # fingerprints judged between two turns of the event loop
 
@@ -64,6 +72,7 @@ class Healer:
         telemetry_every_s: float = 2.0,
     ) -> None:
         self.bus = bus
+        self.kube = kube
         self.settings = settings
         self.durable = durable
         self.rules = rule_set or rules.load(
@@ -92,6 +101,8 @@ class Healer:
         self._acting: set[asyncio.Task[Any]] = set()
         self._leading = asyncio.Lock()
         self._unapplied: set[str] = set()
+        self.read_nodes: set[str] = set()  # Nodes read (and adopted) this leadership term
+        self._to_read = asyncio.Event()
         self._seq = 0
 
     # -- lifecycle -------------------------------------------------------------
@@ -165,6 +176,8 @@ class Healer:
                 ),
             ),
         ]
+        if self.kube is not None and not self.actor.dry_run:
+            self._tasks.append(tasks.start(self._adopting(), name="healer:adopt"))
         for name, consumer in consumers:
             await consumer.start()
             self._tasks.append(tasks.start(consumer.run(), name=f"healer:{name}"))
@@ -180,6 +193,7 @@ class Healer:
         running, self._tasks = self._tasks, []
         acting, self._acting = self._acting, set()
         self.ready.clear()
+        self.read_nodes.clear()  # the next term reads what the other leader applied
         await tasks.stop(*running, *acting)
         await self.actor.close()
 
@@ -222,12 +236,17 @@ class Healer:
                 await asyncio.sleep(0)  # let a fatal event in between: it must not queue here
             fp = item.value
             self.last_seen[fp.node] = now
+            if fp.node not in self.read_nodes:
+                self._to_read.set()
             for history, judgement in self._judge_fp(fp, now=now):
                 if judgement.changed:
                     dirty.add(fp.node)
                     publishing.append(self._publish_verdict(history, judgement))
             if self.nodes.get(fp.node, decisions.NodeState()).verdict == "lost":
                 dirty.add(fp.node)
+            adopted = self.histories.get(fp.node, {}).get(ADOPTED)
+            if adopted is not None and adopted.verdict == "healthy":
+                del self.histories[fp.node][ADOPTED]  # recovered: nothing left to hold
         await asyncio.gather(
             *(self._reconsider(n, now=now) for n in dirty), *publishing, return_exceptions=True
         )
@@ -253,9 +272,13 @@ class Healer:
             history = self._history(fp.node, d.index)
             out.append((history, rules.judge(history, sample, now=now, rules=self.rules)))
         for index, history in self.histories.get(fp.node, {}).items():
-            if index not in seen and index != NODE and not history.lost:
+            if index not in seen and index >= 0 and not history.lost:
                 sample = FingerprintSample(fp.node, index, history.model, _EMPTY, present=False)
                 out.append((history, rules.judge(history, sample, now=now, rules=self.rules)))
+        adopted = known.get(ADOPTED)
+        if full and adopted is not None:  # a fingerprint came: count towards its recovery
+            sample = FingerprintSample(fp.node, ADOPTED, "", _EMPTY)
+            out.append((adopted, rules.judge(adopted, sample, now=now, rules=self.rules)))
         return out
 
     async def _sweep(self) -> None:
@@ -271,6 +294,62 @@ class Healer:
                     await self._reconsider(node, now=now)
             retrying = [self._reconsider(n, now=now) for n in list(self._unapplied)]
             await asyncio.gather(*retrying)  # taints the API refused until now
+
+    # -- adopting what a previous leader applied -------------------------------------
+
+    async def _adopting(self) -> None:
+        """Read the Node of every node seen in fingerprints once per leadership term."""
+        gate = asyncio.Semaphore(_READ_CONCURRENCY)
+
+        async def read(node: str) -> None:
+            async with gate:
+                await self._adopt(node)
+
+        while True:
+            await self._to_read.wait()
+            self._to_read.clear()
+            pending = set(self.last_seen) - self.read_nodes
+            await asyncio.gather(*(read(n) for n in pending))
+            if set(self.last_seen) - self.read_nodes:
+                await asyncio.sleep(1.0)  # some reads failed: try them again
+                self._to_read.set()
+
+    async def _adopt(self, node: str) -> None:
+        assert self.kube is not None
+        try:
+            found = await self.kube.get_node(node)
+        except KubeNotFound:
+            self.read_nodes.add(node)  # no such Node: nothing applied to adopt
+            return
+        except (HcsError, OSError, TimeoutError) as exc:
+            _log.warning("node_read_failed", node=node, error=str(exc))
+            return
+        async with self._locks.setdefault(node, asyncio.Lock()):
+            self.read_nodes.add(node)
+            condition = our_condition(found)
+            if condition is not None:
+                self.actor.adopt_condition(node, condition)
+            taint = our_taint(found)
+            state = self.nodes.get(node, decisions.NodeState())
+            if taint is None or state.effect or state.blocked:
+                return  # nothing of ours there, or this leader has acted on it already
+            self._hold(node, effect=str(taint.get("effect") or ""), value=taint.get("value"))
+
+    def _hold(self, node: str, *, effect: str, value: object) -> None:
+        """Take over a taint found on the Node as applied by us: the node stays at
+        the verdict it stands for until healthy for the recovery window."""
+        verdict: Any = "degraded" if effect == "PreferNoSchedule" else "failed"
+        history = self._history(node, ADOPTED)
+        history.verdict, history.reason = verdict, f"tainted by a previous leader ({value})"
+        history.changed_at, history.good_since = asyncio.get_running_loop().time(), None
+        held = frozenset({ADOPTED})
+        self.nodes[node] = decisions.NodeState(
+            verdict,
+            effect,
+            failed=held if verdict == "failed" else frozenset(),
+            degraded=held if verdict == "degraded" else frozenset(),
+        )
+        _log.info("taint_adopted", node=node, effect=effect, value=value, verdict=verdict)
 
     # -- deciding and acting ------------------------------------------------------
 
@@ -367,6 +446,8 @@ class Healer:
     # -- publishing ----------------------------------------------------------------
 
     async def _publish_verdict(self, history: DeviceHistory, judgement: Judgement) -> None:
+        if history.device == ADOPTED:
+            return  # not a device: the node verdict that follows says it
         VERDICTS.add(1, {"verdict": judgement.verdict})
         event = HealthEvent(
             node=history.node,
@@ -383,7 +464,7 @@ class Healer:
         await self._publish(history.node, event, tag=f"v{history.device}")
 
     async def _publish_node_verdict(self, node: str, verdict: str, reason: str) -> None:
-        scores = [h.score for i, h in self.histories.get(node, {}).items() if i != NODE]
+        scores = [h.score for i, h in self.histories.get(node, {}).items() if i >= 0]
         event = HealthEvent(
             node=node,
             kind="verdict",

@@ -17,7 +17,7 @@ from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
 from hcs_bus.messages import HealthEvent, Telemetry
 from hcs_bus.settings import HealerSettings
-from healer import rules
+from healer import acting, rules
 from healer.acting import Actor
 from healer.healing import Healer
 from healer.sidecar import REQUEST_FILE, Sidecar
@@ -426,3 +426,88 @@ async def test_a_taint_the_api_refused_until_the_actor_gave_up_is_applied_later(
     apiserver._hooks.clear()  # the API is back
     await wait_until(lambda: our_taint(apiserver, "n1") is not None)
     assert our_taint(apiserver, "n1")["effect"] == "NoSchedule"  # type: ignore[index]
+
+
+async def test_the_condition_transition_time_moves_only_when_its_status_changes(
+    bus: Bus, kube: Kube, apiserver: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    apiserver.add_node("n1")
+    actor = Actor(bus=bus, kube=kube, dry_run=False, retry_initial_s=0.05)
+    clock = iter(f"2030-01-01T00:00:0{i}Z" for i in range(10))
+    monkeypatch.setattr(acting, "_now_iso", lambda: next(clock))
+    assert await actor.taint("n1", effect="PreferNoSchedule", reason="slow clocks", pods=[])
+    first = condition(apiserver, "n1")
+    assert first is not None and first["status"] == "False"
+    assert await actor.taint("n1", effect="NoSchedule", reason="xid 79", pods=[])
+    second = condition(apiserver, "n1")
+    assert second is not None and second["status"] == "False"
+    assert second["lastTransitionTime"] == first["lastTransitionTime"]
+    assert second["lastHeartbeatTime"] != first["lastHeartbeatTime"]
+    assert second["reason"] != first["reason"] and second["message"] == "xid 79"
+    assert await actor.untaint("n1", reason="healthy again")
+    third = condition(apiserver, "n1")
+    assert third is not None and third["status"] == "True"
+    assert third["lastTransitionTime"] == third["lastHeartbeatTime"]
+    assert third["lastTransitionTime"] > second["lastHeartbeatTime"]
+
+
+PREVIOUS = "2020-01-01T00:00:00Z"
+
+
+def tainted_before(effect: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Our taint and condition as a previous leader left them."""
+    taint = {"key": "hcs.io/unhealthy", "value": "xid-79", "effect": effect}
+    cond = {
+        "type": "HCSHealthy",
+        "status": "False",
+        "reason": "Xid79",
+        "message": "xid 79",
+        "lastHeartbeatTime": PREVIOUS,
+        "lastTransitionTime": PREVIOUS,
+    }
+    return taint, cond
+
+
+async def test_a_new_leader_untaints_a_node_the_previous_leader_tainted_once_it_recovers(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    taint, cond = tainted_before("NoSchedule")
+    ready_cond = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+    apiserver.add_node("n1", taints=[OTHER, taint], conditions=[ready_cond, cond])
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    await wait_until(lambda: "n1" in healer.read_nodes)
+    adopted_at = time.monotonic()
+    assert healer.nodes["n1"].effect == "NoSchedule"
+    for seq in range(2, 60):  # healthy fingerprints for longer than the recovery window
+        await publish(bus, fingerprint("n1", seq=seq), subjects.fp("n1"))
+        if our_taint(apiserver, "n1") is None:
+            break
+        await asyncio.sleep(0.05)
+    await wait_until(lambda: our_taint(apiserver, "n1") is None)
+    assert time.monotonic() - adopted_at >= 0.5  # not at once: after the recovery window
+    assert apiserver.nodes["n1"]["spec"]["taints"] == [OTHER]
+    now = condition(apiserver, "n1")
+    assert now is not None and now["status"] == "True"
+    assert now["lastTransitionTime"] != PREVIOUS
+
+
+async def test_a_new_leader_keeps_the_condition_transition_time_while_status_stays(
+    bus: Bus, kube: Kube, apiserver: ApiServer, make: Make
+) -> None:
+    taint, cond = tainted_before("PreferNoSchedule")
+    apiserver.add_node("n1", taints=[taint], conditions=[cond])
+    await publish(bus, fingerprint("n1"), subjects.fp("n1"))
+    healer = await make(kube)
+    await ready(healer)
+    await wait_until(lambda: "n1" in healer.read_nodes)
+    await publish(bus, health("n1", code=79, device=1), subjects.health("n1"))
+    await wait_until(lambda: (our_taint(apiserver, "n1") or {}).get("effect") == "NoSchedule")
+    await wait_until(
+        lambda: (condition(apiserver, "n1") or {}).get("lastHeartbeatTime") != PREVIOUS
+    )
+    now = condition(apiserver, "n1")
+    assert now is not None and now["status"] == "False"
+    assert now["lastTransitionTime"] == PREVIOUS  # still unhealthy since the previous leader
+    assert now["message"] != "xid 79"
