@@ -24,11 +24,10 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from bench.fleets import node_fingerprint
 from hcs_bus import streams, subjects
 from hcs_bus.bus import Bus, connect
 from hcs_bus.messages import (
-    Compute,
-    DeviceFingerprint,
     NodeFingerprint,
     PlanRequest,
     PodRef,
@@ -52,32 +51,10 @@ SLICE = {
 
 
 def fleet(nodes: int) -> list[NodeFingerprint]:
-    out = []
-    for n in range(nodes):
-        devices = tuple(
-            DeviceFingerprint(
-                index=i,
-                uuid=f"GPU-{n}-{i}",
-                vendor="nvidia",
-                model="A100-80G",
-                vram_total_mib=81920,
-                vram_free_mib=81920,
-                compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
-            )
-            for i in range(8)
-        )
-        out.append(
-            NodeFingerprint(
-                node=f"node-{n}",
-                agent_version="bench",
-                boot_id="b",
-                seq=1,
-                time_s=1.0,
-                devices=devices,
-                labels={"hcs.io/rdma-fabric": f"f{n % 16}"},
-            )
-        )
-    return out
+    return [
+        node_fingerprint(f"node-{n}", labels={"hcs.io/rdma-fabric": f"f{n % 16}"})
+        for n in range(nodes)
+    ]
 
 
 def filter_body(names: list[str]) -> bytes:

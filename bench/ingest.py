@@ -30,11 +30,10 @@ from typing import Any
 import msgspec
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from bench.fleets import node_fingerprint
 from hcs_bus import streams, subjects
 from hcs_bus.bus import Bus, connect
 from hcs_bus.messages import (
-    Compute,
-    DeviceFingerprint,
     HealthEvent,
     NodeFingerprint,
 )
@@ -46,22 +45,7 @@ BATCH = 1000
 
 
 def fingerprint(n: int) -> NodeFingerprint:
-    devices = tuple(
-        DeviceFingerprint(
-            index=i,
-            uuid=f"GPU-{n}-{i}",
-            vendor="nvidia",
-            model="A100-80G",
-            vram_total_mib=81920,
-            vram_free_mib=81920,
-            compute=Compute(acu_profile=100.0, tflops_fp16_profile=312.0),
-            pci_bus_id=f"0000:{i:02x}:00.0",
-        )
-        for i in range(8)
-    )
-    return NodeFingerprint(
-        node=f"node-{n}", agent_version="bench", boot_id="b", seq=1, time_s=1.0, devices=devices
-    )
+    return node_fingerprint(f"node-{n}")
 
 
 def health(n: int, second: int) -> HealthEvent:

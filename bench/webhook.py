@@ -31,9 +31,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bench.fleets import of_profile
 from hcs_bus import subjects
 from hcs_bus.bus import connect
-from hcs_bus.messages import Compute, DeviceFingerprint, NodeFingerprint, Plan, PlanRequest
+from hcs_bus.messages import NodeFingerprint, Plan, PlanRequest
 from hcs_bus.natsserver import NatsServer
 from hcs_bus.settings import BusSettings, Settings, TelemetrySettings, replace
 from hcs_bus.telemetry import configure
@@ -159,29 +160,8 @@ def fleet(nodes: int) -> list[NodeFingerprint]:
     out = []
     for n in range(nodes):
         p = chosen[n % len(chosen)]
-        devices = tuple(
-            DeviceFingerprint(
-                index=i,
-                uuid=f"GPU-{n}-{i}",
-                vendor=p.vendor,
-                model=p.model,
-                vram_total_mib=p.vram_mib,
-                vram_free_mib=p.vram_mib,
-                compute=Compute(acu_profile=p.acu, tflops_fp16_profile=p.tflops_fp16 or 0.0),
-            )
-            for i in range(8)
-        )
-        out.append(
-            NodeFingerprint(
-                node=f"node-{n:05d}",
-                agent_version="bench",
-                boot_id="b",
-                seq=1,
-                time_s=1.0,
-                devices=devices,
-                labels={"hcs.io/vendor": p.vendor, "hcs.io/model": p.model},
-            )
-        )
+        labels = {"hcs.io/vendor": p.vendor, "hcs.io/model": p.model}
+        out.append(of_profile(f"node-{n:05d}", p, labels=labels))
     return out
 
 
