@@ -443,39 +443,6 @@ class Consumer(Generic[T]):
                 await msg.ack()
 
 
-async def last_per_subject(
-    bus: Bus, *, stream: str, subject: str, kind: type[T], batch: int = 1000
-) -> tuple[list[Delivery[T]], int]:
-    """Replay the latest message of every subject; returns them and the count of
-    dead-lettered ones. Used to rebuild state at start before going live."""
-    out: list[Delivery[T]] = []
-    dead: list[int] = [0]
-
-    async def collect(items: list[Delivery[T]]) -> None:
-        out.extend(items)
-
-    consumer: Consumer[T] = Consumer(
-        bus,
-        stream=stream,
-        kind=kind,
-        handle=collect,
-        filter_subject=subject,
-        deliver=DeliverPolicy.LAST_PER_SUBJECT,
-        batch=batch,
-        ack_all=True,
-    )
-    await consumer.start()
-    task = asyncio.get_running_loop().create_task(consumer.run(), name=f"replay:{stream}")
-    try:
-        await consumer.caught_up.wait()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    dead[0] = consumer.dead
-    return out, dead[0]
-
-
 class Follower(Generic[T]):
     """Replays, then follows, a stream with an ordered push consumer.
 

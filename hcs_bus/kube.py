@@ -44,7 +44,6 @@ _log = logger("hcs.kube")
 
 CRD_GROUP = "hcs.io"
 CRD_VERSION = "v1alpha1"
-VRAM_RESOURCE = "ai.compute/vram"
 TAINT_RETRIES = 5
 TAINT_BACKOFF_S = 0.05  # doubled per retry, with jitter
 WATCH_TIMEOUT_S = 290  # server-side timeoutSeconds; we reconnect from the last resourceVersion

@@ -128,10 +128,14 @@ def kv_writing(bucket: str, *, keys: str = ">") -> list[str]:
     return [f"$KV.{bucket}.{keys}"]
 
 
-def kv_watching(bucket: str) -> list[str]:
-    """``KeyValue.watch``: an ordered push consumer with flow control."""
-    stream = _kv_stream(bucket)
+def following(stream: str) -> list[str]:
+    """``hcs_bus.bus.Follower`` and ``KeyValue.watch``: an ordered push
+    consumer, which answers the server's flow-control requests."""
     return [*consuming(stream), f"$JS.FC.{stream}.>"]
+
+
+def kv_watching(bucket: str) -> list[str]:
+    return following(_kv_stream(bucket))
 
 
 def dead_letters(*patterns: str) -> list[str]:
@@ -160,8 +164,8 @@ def _scheduler() -> Permissions:
         *kv_writing(streams.KV_ALLOC, keys="*"),
         *kv_watching(streams.KV_ALLOC),
         *kv_reading(streams.KV_CKPT),
-        *consuming(streams.FP),
-        *consuming(streams.HEALTH),
+        *following(streams.FP),
+        *following(streams.HEALTH),
         *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL),
         *stream_admin(_all_streams()),
     ]

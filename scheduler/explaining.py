@@ -52,6 +52,3 @@ def _quota(plan: Plan) -> str:
     )
     state = "ok" if q.ok else f"EXCEEDED — {q.reason}"
     return f"  quota: {state}; VRAM {vram}; {acu}"
-
-
-explain = render_plan

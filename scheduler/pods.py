@@ -26,7 +26,6 @@ JOB_KEY = "hcs.io/job"
 DEVICES_ANNOTATION = "hcs.io/devices"
 VRAM_QUOTA_ANNOTATION = "hcs.io/vram-quota"
 RESUME_ANNOTATION = "hcs.io/resume-from"
-NODE_ANNOTATION = "hcs.io/node"
 POLICY_ANNOTATIONS = {
     "vendors": "hcs.io/vendors",
     "models": "hcs.io/models",

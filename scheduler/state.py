@@ -90,7 +90,8 @@ class ClusterState:
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeView] = {}
-        self._verdicts: dict[tuple[str, int | None], tuple[Verdict, int]] = {}
+        # node → device index (None: the node) → (verdict, score)
+        self._verdicts: dict[str, dict[int | None, tuple[Verdict, int]]] = {}
         self._reservations: dict[str, NodeReservations] = {}
         self.stale_ignored = 0
 
@@ -121,7 +122,7 @@ class ClusterState:
         if event.source != "healer" or event.kind != "verdict" or event.verdict is None:
             return False
         score = event.health_score if event.health_score is not None else _score(event.verdict)
-        self._verdicts[(event.node, event.device)] = (event.verdict, score)
+        self._verdicts.setdefault(event.node, {})[event.device] = (event.verdict, score)
         node = self.nodes.get(event.node)
         if node is not None:
             _apply_verdict(node, event.device, event.verdict, score)
@@ -162,9 +163,8 @@ class ClusterState:
         return None
 
     def _restore_verdicts(self, node: NodeView) -> None:
-        for (name, index), (verdict, score) in self._verdicts.items():
-            if name == node.name:
-                _apply_verdict(node, index, verdict, score)
+        for index, (verdict, score) in self._verdicts.get(node.name, {}).items():
+            _apply_verdict(node, index, verdict, score)
 
 
 def _newer(fp: NodeFingerprint, held: NodeFingerprint) -> bool:

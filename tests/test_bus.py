@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+from nats.js.api import DeliverPolicy
 
 from hcs_bus import messages, subjects
-from hcs_bus.bus import Bus, Consumer, Delivery, last_per_subject
+from hcs_bus.bus import Bus, Consumer, Delivery, Follower
 from hcs_bus.messages import HealthEvent
 from hcs_bus.streams import HEALTH
 
@@ -63,14 +64,26 @@ async def test_an_undecodable_message_goes_to_the_dlq_and_the_consumer_goes_on(
     assert dead.headers and dead.headers["Hcs-Origin-Subject"] == subjects.health("n1")
 
 
-async def test_last_per_subject_replays_the_latest_of_every_node(bus: Bus) -> None:
+async def test_a_follower_replays_the_latest_of_every_node(bus: Bus) -> None:
     for node in ("a", "b"):
         for code in (1, 2, 3):
             await bus.publish(subjects.health(node), _event(node, code), msg_id=f"{node}{code}")
-    items, dead = await last_per_subject(
-        bus, stream=HEALTH, subject=subjects.HEALTH_ALL, kind=HealthEvent
+    items: list[Delivery[HealthEvent]] = []
+    follower = Follower(
+        bus,
+        stream=HEALTH,
+        subject=subjects.HEALTH_ALL,
+        kind=HealthEvent,
+        handle=items.append,
+        deliver=DeliverPolicy.LAST_PER_SUBJECT,
     )
-    assert dead == 0
+    await follower.start()
+    try:
+        async with asyncio.timeout(5):
+            await follower.caught_up.wait()
+    finally:
+        await follower.stop()
+    assert follower.dead == 0
     assert sorted((d.value.node, d.value.code) for d in items) == [("a", 3), ("b", 3)]
 
 
@@ -171,8 +184,6 @@ async def test_a_handler_that_fails_answers_with_the_reason_instead_of_a_timeout
 
 
 async def test_a_follower_whose_handler_fails_on_a_message_still_catches_up(bus: Bus) -> None:
-    from hcs_bus.bus import Follower
-
     for code in (1, 2, 3):
         await bus.publish(subjects.health("n1"), _event("n1", code), msg_id=f"f{code}")
     seen: list[int] = []

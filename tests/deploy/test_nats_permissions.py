@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import msgspec
 import pytest
+from nats.js.api import DeliverPolicy
 
 from hcs_bus import checkpoint, permissions, streams, subjects
-from hcs_bus.bus import Consumer, Delivery, last_per_subject
+from hcs_bus.bus import Bus, Consumer, Delivery, Follower
 from hcs_bus.errors import BusTimeout
 from hcs_bus.messages import (
     AllocationEvent,
@@ -50,6 +52,50 @@ async def wait_for(errors: list[Exception], *, timeout_s: float = 3.0) -> list[s
         while not violations(errors):
             await asyncio.sleep(0.02)
     return violations(errors)
+
+
+async def replay_following(bus: Bus, *, stream: str, subject: str) -> list[NodeFingerprint]:
+    """Replay as the scheduler's view does (hcs_bus.bus.Follower)."""
+    got: list[Delivery[NodeFingerprint]] = []
+    follower = Follower(
+        bus,
+        stream=stream,
+        subject=subject,
+        kind=NodeFingerprint,
+        handle=got.append,
+        deliver=DeliverPolicy.LAST_PER_SUBJECT,
+    )
+    await follower.start()
+    try:
+        async with asyncio.timeout(5):
+            await follower.caught_up.wait()
+    finally:
+        await follower.stop()
+    return [d.value for d in got]
+
+
+async def replay_pulling(bus: Bus, *, stream: str, subject: str) -> None:
+    """Replay as the healer and the mirror do (an ephemeral pull Consumer)."""
+
+    async def ignore(_items: list[Delivery[NodeFingerprint]]) -> None:
+        return None
+
+    consumer = Consumer(
+        bus,
+        stream=stream,
+        kind=NodeFingerprint,
+        handle=ignore,
+        filter_subject=subject,
+        ack_all=True,
+    )
+    await consumer.start()
+    task = asyncio.create_task(consumer.run())
+    try:
+        async with asyncio.timeout(5):
+            await consumer.caught_up.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_an_agent_publishes_its_own_fingerprint_and_gets_a_stream_ack(
@@ -109,6 +155,30 @@ async def test_the_scheduler_serves_plans_to_the_injector_in_its_queue_group(
     assert violations(s_errors) == [] and violations(i_errors) == []
 
 
+async def test_the_schedulers_cluster_view_replays_a_large_stream_with_its_own_user(
+    connect_as: Connector,
+) -> None:
+    """The view follows HCS_FP/HCS_HEALTH with ordered push consumers: a replay
+    this large makes the server ask for flow-control replies ($JS.FC)."""
+    from hcs_bus.settings import SchedulerSettings
+    from scheduler.viewing import ClusterView
+
+    agent, _ = await connect_as(NODE)
+    total = 10_000  # HCS_HEALTH keeps 10,000 events per node
+    big = msgspec.structs.replace(verdict(NODE), message="x" * 2000)  # ~20 MB in all
+    await agent.publish_window((subjects.health(NODE), big, f"replay:{n}") for n in range(total))
+    scheduler, errors = await connect_as("scheduler")
+    view = ClusterView(scheduler, settings=SchedulerSettings())
+    await view.start()
+    try:
+        await view.wait_ready(timeout_s=20)
+        assert view.applied >= total
+    finally:
+        await view.stop()
+    await scheduler.nc.flush()
+    assert violations(errors) == []
+
+
 async def test_the_scheduler_books_in_kv_replays_streams_and_publishes_allocations(
     connect_as: Connector,
 ) -> None:
@@ -124,15 +194,13 @@ async def test_the_scheduler_books_in_kv_replays_streams_and_publishes_allocatio
     await kv.update(key, b'{"a":1}', last=revision)
     assert (await kv.get(key)).value == b'{"a":1}'
     await watcher.stop()
-    fps, dead = await last_per_subject(
-        scheduler, stream=streams.FP, subject=subjects.FP_ALL, kind=NodeFingerprint
-    )
+    fps = await replay_following(scheduler, stream=streams.FP, subject=subjects.FP_ALL)
     event = AllocationEvent(
         node=NODE, pod=PodRef(namespace="ml", name="p"), state="bound", time_s=1.0
     )
     assert await scheduler.publish(subjects.alloc(NODE), event, msg_id="alloc:1") > 0
     await scheduler.js.key_value(streams.KV_CKPT)
-    assert NODE in {d.value.node for d in fps} and dead == 0
+    assert NODE in {fp.node for fp in fps}
     assert violations(errors) == []
 
 
@@ -171,7 +239,7 @@ async def test_the_healer_consumes_durably_publishes_verdicts_and_asks_for_check
     await healer.nc.publish(subjects.ckpt_request("ml", "llama"), messages.encode(request))
     await checkpoint.latest(healer, namespace="ml", job="llama")
     for stream in (streams.FP, streams.ALLOC):
-        await last_per_subject(healer, stream=stream, subject=">", kind=NodeFingerprint)
+        await replay_pulling(healer, stream=stream, subject=">")
     await healer.nc.flush()
     assert violations(errors) == []
 
@@ -198,7 +266,7 @@ async def test_a_sidecar_reports_checkpoints_and_hears_requests_but_cannot_send_
 async def test_the_mirror_replays_fingerprints_and_health(connect_as: Connector) -> None:
     mirror, errors = await connect_as("mirror")
     for stream, subject in ((streams.FP, subjects.FP_ALL), (streams.HEALTH, subjects.HEALTH_ALL)):
-        await last_per_subject(mirror, stream=stream, subject=subject, kind=NodeFingerprint)
+        await replay_pulling(mirror, stream=stream, subject=subject)
     await mirror.nc.flush()
     assert violations(errors) == []
 
