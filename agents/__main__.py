@@ -1,5 +1,9 @@
 """``python -m agents --node NAME`` (real detectors) or ``--fleet FILE`` (simulated).
 
+Both write Node labels and ``ai.compute/*`` capacity when a Kubernetes cluster
+is configured (``kube`` settings): ``--node`` on its own Node, ``--fleet`` on
+the Node of every fleet node that exists in the cluster.
+
 Exit status 2 on a configuration error (one line naming the field and value).
 SIGTERM drains: queued fingerprints and health events are flushed first.
 """

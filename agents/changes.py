@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hcs_bus.messages import DeviceFingerprint, HealthEvent, Severity
+from hcs_bus.vocabulary import Kind
 
 THERMAL = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 
@@ -53,9 +54,9 @@ def health_changes(
     events: list[HealthEvent] = []
     for index in sorted(before.keys() - after.keys()):
         gone = before[index]
-        events.append(_event(node, gone, "device_lost", "fatal", now, "device no longer listed"))
+        events.append(_event(node, gone, Kind.DEVICE_LOST, "fatal", now, "device no longer listed"))
     for index in sorted(after.keys() - before.keys()):
-        events.append(_event(node, after[index], "device_added", "info", now, "new device"))
+        events.append(_event(node, after[index], Kind.DEVICE_ADDED, "info", now, "new device"))
     for index in sorted(before.keys() & after.keys()):
         events.extend(_device_changes(node, before[index], after[index], now=now))
     return events
@@ -66,21 +67,25 @@ def _device_changes(
 ) -> list[HealthEvent]:
     out: list[HealthEvent] = []
     if now_.error and now_.error != then.error:
-        out.append(_event(node, now_, "device_unreadable", "warning", now, now_.error))
+        out.append(_event(node, now_, Kind.DEVICE_UNREADABLE, "warning", now, now_.error))
     t0, t1 = then.telemetry, now_.telemetry
     if t1.remap_pending and not t0.remap_pending:
-        out.append(_event(node, now_, "row_remap_pending", "warning", now, "row remap pending"))
+        out.append(_event(node, now_, Kind.ROW_REMAP_PENDING, "warning", now, "row remap pending"))
     if t1.remap_failed and not t0.remap_failed:
-        out.append(_event(node, now_, "row_remap_failure", "fatal", now, "row remapping failed"))
+        out.append(_event(node, now_, Kind.ROW_REMAP_FAILURE, "fatal", now, "row remapping failed"))
     hot0, hot1 = THERMAL & set(t0.throttle_reasons), THERMAL & set(t1.throttle_reasons)
     if hot1 and not hot0:
-        out.append(_event(node, now_, "thermal_throttle", "warning", now, ",".join(sorted(hot1))))
+        out.append(
+            _event(node, now_, Kind.THERMAL_THROTTLE, "warning", now, ",".join(sorted(hot1)))
+        )
     if hot0 and not hot1:
-        out.append(_event(node, now_, "thermal_throttle_cleared", "info", now, "clocks restored"))
+        out.append(
+            _event(node, now_, Kind.THERMAL_THROTTLE_CLEARED, "info", now, "clocks restored")
+        )
     if now_.health_score < then.health_score and not now_.error:
         message = f"health score {then.health_score} -> {now_.health_score}"
         severity: Severity = "critical" if now_.health_score <= 40 else "warning"
-        out.append(_event(node, now_, "health_degraded", severity, now, message))
+        out.append(_event(node, now_, Kind.HEALTH_DEGRADED, severity, now, message))
     return out
 
 

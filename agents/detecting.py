@@ -1,11 +1,13 @@
-"""Detectors, chosen by what the host has: NVML, npu-smi, hy-smi, cnmon.
+"""Detectors, chosen by what the host has: NVML, npu-smi, hy-smi, cnmon, rocm-smi.
 
 Each detector yields :class:`agents.parsing.Parsed`. Vendor tools run as
 asyncio subprocesses under ``settings.agent.vendor_tool_timeout_s``; a tool
 that hangs, exits non-zero or prints garbage becomes ONE ``detector_error``
 HealthEvent (source ``agent``, severity ``warning``) when it starts failing —
 and a ``detector_recovered`` when it works again — while the other detectors
-carry on.
+carry on. A device two detectors both report (same PCI bus id: a Hygon host
+whose DTK ships hy-smi and rocm-smi) counts once, from the first detector in
+:func:`choose`'s order. A parser's notes are logged once per detector.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from agents import nvml
-from agents.parsing import Parsed, cnmon, hy_smi, npu_smi, nvml_readings
+from agents.parsing import Parsed, cnmon, hy_smi, npu_smi, nvml_readings, rocm_smi
 from hcs_bus.messages import DeviceFingerprint, HealthEvent
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import logger
+from hcs_bus.vocabulary import Kind
 
 _log = logger("hcs.agent.detecting")
 
@@ -63,6 +66,7 @@ class Detector:
     name: str
     detect: Detect
     failing: str | None = None
+    noted: set[str] = field(default_factory=set)
 
 
 def npu_smi_detector(*, db: ProfileDB, timeout_s: float, tool: str = "npu-smi") -> Detector:
@@ -94,6 +98,17 @@ def cnmon_detector(*, db: ProfileDB, timeout_s: float, tool: str = "cnmon") -> D
     return Detector("cnmon", detect)
 
 
+def rocm_smi_detector(*, db: ProfileDB, timeout_s: float, tool: str = "rocm-smi") -> Detector:
+    async def detect() -> Parsed:
+        text = await run_tool([tool, *rocm_smi.ARGS], timeout_s=timeout_s)
+        try:
+            return rocm_smi.parse(text, db=db)
+        except ValueError as exc:  # no card at all: the tool exits 0 when it finds none
+            raise DetectorFailure(str(exc)) from exc
+
+    return Detector("rocm-smi", detect)
+
+
 def nvml_detector(*, db: ProfileDB, timeout_s: float) -> Detector:
     async def detect() -> Parsed:
         try:
@@ -112,7 +127,12 @@ def choose(*, db: ProfileDB, timeout_s: float) -> list[Detector]:
     found: list[Detector] = []
     if nvml.available():
         found.append(nvml_detector(db=db, timeout_s=timeout_s))
-    tools = {"npu-smi": npu_smi_detector, "hy-smi": hy_smi_detector, "cnmon": cnmon_detector}
+    tools = {
+        "npu-smi": npu_smi_detector,
+        "hy-smi": hy_smi_detector,
+        "cnmon": cnmon_detector,
+        "rocm-smi": rocm_smi_detector,  # after hy-smi: on a DCU host hy-smi's devices win
+    }
     for tool, make in tools.items():
         path = shutil.which(tool)
         if path:
@@ -131,20 +151,28 @@ async def detect_all(detectors: Sequence[Detector], *, node: str, now: float) ->
     """Run every detector concurrently; one failing never hides another's devices."""
     results = await asyncio.gather(*(d.detect() for d in detectors), return_exceptions=True)
     out = Detection()
+    buses: set[str] = set()
     for detector, result in zip(detectors, results, strict=True):
         if isinstance(result, BaseException):
             reason = str(result) if isinstance(result, DetectorFailure) else repr(result)
             if detector.failing is None:
-                out.events.append(_event(node, detector.name, "detector_error", reason, now=now))
+                out.events.append(_event(node, detector.name, Kind.DETECTOR_ERROR, reason, now=now))
                 _log.warning("detector_failed", detector=detector.name, error=reason)
             detector.failing = reason
             continue
         if detector.failing is not None:
-            out.events.append(_event(node, detector.name, "detector_recovered", "ok", now=now))
+            out.events.append(_event(node, detector.name, Kind.DETECTOR_RECOVERED, "ok", now=now))
             detector.failing = None
-        out.devices.extend(result.devices)
+        for device in result.devices:
+            if device.pci_bus_id and device.pci_bus_id in buses:
+                continue
+            buses.add(device.pci_bus_id)
+            out.devices.append(device)
         for error in result.errors:
             _log.warning("detector_parse_error", detector=detector.name, error=str(error))
+        for note in set(result.notes) - detector.noted:
+            _log.info("detector_note", detector=detector.name, note=note)
+            detector.noted.add(note)
     return out
 
 
@@ -152,7 +180,7 @@ def _event(node: str, detector: str, kind: str, message: str, *, now: float) -> 
     return HealthEvent(
         node=node,
         kind=kind,
-        severity="warning" if kind == "detector_error" else "info",
+        severity="warning" if kind == Kind.DETECTOR_ERROR else "info",
         source="agent",
         time_s=now,
         message=f"{detector}: {message}",

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from agents.labels import label_key_problem, label_value_problem
 from hcs_bus import subjects
 from hcs_bus.errors import ConfigError
 from hcs_bus.messages import LinkType
@@ -147,9 +148,24 @@ def check(fleet: Fleet, *, db: ProfileDB, origin: str = "fleet") -> None:
         if node.name in seen:
             raise ConfigError(f"{where}.name: listed twice (value {node.name!r})")
         seen.add(node.name)
+        _check_labels(node, where=where)
         total = _check_devices(node, db=db, where=where)
         for j, failure in enumerate(node.failures):
             _check_failure(failure, devices=total, where=f"{where}.failures[{j}]")
+
+
+def _check_labels(node: NodeSpec, *, where: str) -> None:
+    """Everything that becomes a Node label must be one Kubernetes accepts."""
+    values = {"network_group": node.network_group, "rdma_fabric": node.rdma_fabric or ""}
+    values.update({f"labels.{key}": value for key, value in node.labels.items()})
+    for key in node.labels:
+        problem = label_key_problem(key)
+        if problem:
+            raise ConfigError(f"{where}.labels: key {problem} (value {key!r})")
+    for field, value in values.items():
+        problem = label_value_problem(value)
+        if problem:
+            raise ConfigError(f"{where}.{field}: a label value {problem} (value {value!r})")
 
 
 def _check_devices(node: NodeSpec, *, db: ProfileDB, where: str) -> int:

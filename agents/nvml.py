@@ -16,6 +16,7 @@ from typing import Any
 from agents import xids
 from hcs_bus.messages import HealthEvent
 from hcs_bus.telemetry import logger
+from hcs_bus.vocabulary import Kind
 
 _log = logger("hcs.agent.nvml")
 SKIP_REASON = "needs an NVIDIA GPU with NVML (libnvidia-ml.so.1 not loadable)"
@@ -204,7 +205,7 @@ class EventWatcher:
             code = int(data.eventData)
             return HealthEvent(
                 node=self.node,
-                kind="xid",
+                kind=Kind.XID,
                 severity=xids.severity(code),
                 source="agent",
                 time_s=self.wall(),
@@ -216,7 +217,7 @@ class EventWatcher:
         dbe = data.eventType == n.nvmlEventTypeDoubleBitEccError
         return HealthEvent(
             node=self.node,
-            kind="ecc_uncorrected" if dbe else "ecc_corrected",
+            kind=Kind.ECC_UNCORRECTED if dbe else Kind.ECC_CORRECTED,
             severity="critical" if dbe else "warning",
             source="agent",
             time_s=self.wall(),

@@ -13,11 +13,12 @@ from typing import Any, Protocol
 from agents.parsing import normalize_bus_id
 from hcs_bus.messages import DeviceFingerprint, HealthEvent, Severity
 from hcs_bus.telemetry import logger
+from hcs_bus.vocabulary import Kind
 
 _log = logger("hcs.agent.probing")
 
 # Probe kinds renamed where HCS already has a word for the same thing.
-KINDS = {"fallen_off_bus": "device_lost"}
+KINDS = {Kind.FALLEN_OFF_BUS.value: Kind.DEVICE_LOST.value}
 SEVERITIES = {"info", "warning", "critical", "fatal"}
 
 

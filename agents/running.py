@@ -2,8 +2,10 @@
 
 ``run_node`` — detectors → change detection → publish; NVML events and kernel
 probes feed health events; labels and capacity go to Kubernetes when there is
-a cluster. ``run_fleet`` — one process plays a fleet file. Both run until
-cancelled, then flush what is queued (bounded) before returning.
+a cluster. ``run_fleet`` — one process plays a fleet file and, when there is a
+cluster, labels each fleet node's Node and writes its capacity (a fleet node
+with no Node is skipped and tried again later). Both run until cancelled, then
+flush what is queued (bounded) before returning.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents import measuring, nvml, probing
+from agents.backstop import run_backstop
 from agents.changes import health_changes
 from agents.detecting import choose, detect_all
 from agents.fleet import Fleet
-from agents.labeling import Labeler, labels_of_devices
+from agents.labeling import Labeler, Target, keep_labelled
+from agents.labels import labels_of_devices
 from agents.reporting import Publisher, Reporter
-from agents.simulating import play
+from agents.simulating import SimNode, play
 from hcs_bus import kube as kube_adapter
 from hcs_bus import tasks
 from hcs_bus.bus import Bus
@@ -34,26 +38,51 @@ from hcs_bus.telemetry import logger
 
 _log = logger("hcs.agent")
 FLUSH_AT_EXIT_S = 5.0
+LABEL_PERIOD_S = 1.0  # fleet mode: how often changed labels and capacity are looked for
 
 
 async def run_fleet(bus: Bus, fleet: Fleet, *, settings: Settings, tick_s: float = 0.1) -> None:
     publisher = Publisher(bus, capacity=settings.agent.buffer_max_events)
     draining = tasks.start(publisher.run(), name="agent:publisher")
+    kube = await kube_adapter.connect(settings.kube)
+    nodes: list[SimNode] = []
     playing = tasks.start(
         play(
             fleet,
             publisher=publisher,
             report_interval_s=settings.agent.report_interval_s,
             tick_s=tick_s,
+            nodes_out=nodes,
         ),
         name="agent:fleet",
+    )
+    interval_s = fleet.report_interval_s or settings.agent.report_interval_s
+    labelling = tasks.start(
+        keep_labelled(
+            kube,
+            lambda: fleet_targets(nodes),
+            period_s=min(LABEL_PERIOD_S, interval_s),
+            retry_s=interval_s,  # a Node not registered yet: looked for again at the next report
+        ),
+        name="agent:labels",
     )
     try:
         await asyncio.gather(draining, playing)
     finally:
-        await tasks.stop(playing)
+        await tasks.stop(playing, labelling)
         await publisher.flush(timeout_s=FLUSH_AT_EXIT_S)
         await tasks.stop(draining)
+        if kube is not None:
+            await kube.close()
+
+
+def fleet_targets(nodes: Sequence[SimNode]) -> list[Target]:
+    """Each simulated node's labels and the devices of its last fingerprint."""
+    return [
+        Target(n.spec.name, n.reporter.labels, n.reporter.last.devices)
+        for n in nodes
+        if n.reporter.last is not None
+    ]
 
 
 def node_name(settings: Settings) -> str:
@@ -74,6 +103,12 @@ async def run_node(bus: Bus, *, settings: Settings, db: ProfileDB | None = None)
     helpers: list[asyncio.Task[Any]] = []
     watcher = _start_nvml_events(node, reporter)
     helpers.append(tasks.start(_forward_probes(node, reporter), name="agent:probes"))
+    helpers.append(
+        tasks.start(
+            run_backstop(node=node, kube=kube, sink=reporter, settings=settings.agent),
+            name="agent:vram-backstop",
+        )
+    )
     try:
         await _poll(node=node, settings=settings, db=db, reporter=reporter, labeler=labeler)
     finally:
@@ -105,7 +140,8 @@ async def _poll(
         ]:
             reporter.health(event)
         reporter.offer(devices, now=time.time(), loop_s=loop.time())
-        await labeler.apply(labels_of_devices(devices, base=reporter.labels), devices)
+        labels = labels_of_devices(devices, base=reporter.labels)
+        await labeler.apply(labels, devices, now_s=loop.time())
         previous = devices
         await asyncio.sleep(period)
 

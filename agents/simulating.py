@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from agents import xids
 from agents.fleet import Failure, Fleet, NodeSpec, profiles_of
-from agents.labeling import node_labels
+from agents.labels import node_labels
 from agents.reporting import Publisher, Reporter
 from hcs_bus.messages import (
     Compute,
@@ -44,6 +44,7 @@ from hcs_bus.messages import (
 from hcs_bus.profiles import Profile, ProfileDB
 from hcs_bus.profiles import load as load_profiles
 from hcs_bus.telemetry import logger
+from hcs_bus.vocabulary import Kind
 
 _log = logger("hcs.agent.simulating")
 EFFICIENCY = 0.85  # achieved / peak dense FP16 of a healthy device in a matmul loop
@@ -195,29 +196,32 @@ def apply(node: SimNode, failure: Failure, *, now: float) -> list[HealthEvent]:
 
     kind = failure.kind
     if kind == "xid" and failure.code is not None:
-        return [event("xid", xids.severity(failure.code), f"Xid {failure.code}", code=failure.code)]
+        return [
+            event(Kind.XID, xids.severity(failure.code), f"Xid {failure.code}", code=failure.code)
+        ]
     if kind == "ecc_storm" and dev is not None:
         dev.ecc_corrected += failure.count
         return [
-            event("ecc_corrected", "warning", "single-bit ECC error") for _ in range(failure.count)
+            event(Kind.ECC_CORRECTED, "warning", "single-bit ECC error")
+            for _ in range(failure.count)
         ]
     if kind == "slow" and dev is not None:
         dev.speed = failure.to or 1.0
         return []
     if kind == "thermal_throttle" and dev is not None:
         dev.hot = True
-        return [event("thermal_throttle", "warning", "hw_thermal_slowdown")]
+        return [event(Kind.THERMAL_THROTTLE, "warning", "hw_thermal_slowdown")]
     if kind == "fall_off_bus" and dev is not None:
         dev.lost = True
         nvidia = dev.profile.vendor == "nvidia"  # Xid 79 is NVIDIA's code for it
         lost = "GPU has fallen off the bus" if nvidia else "device has fallen off the bus"
-        return [event("device_lost", "fatal", lost, **({"code": 79} if nvidia else {}))]
+        return [event(Kind.DEVICE_LOST, "fatal", lost, **({"code": 79} if nvidia else {}))]
     if kind == "recover":
         for d in [dev] if dev else node.devices:
             d.speed, d.lost, d.hot = 1.0, False, False
-        return [event("recovered", "info", "device healthy again")]
+        return [event(Kind.RECOVERED, "info", "device healthy again")]
     if kind == "detector_error":
-        return [event("detector_error", "warning", "simulated detector failure")]
+        return [event(Kind.DETECTOR_ERROR, "warning", "simulated detector failure")]
     return []
 
 

@@ -1,16 +1,21 @@
 """The ``hcs`` command line: the composition root above every part.
 
-    hcs up [--for S] [--nats-url URL] [--fleet FILE] [--extender H:P] [--webhook H:P]
+    hcs up [--for S] [--fleet FILE] [--extender H:P] [--webhook H:P] [--state-dir DIR]
     hcs top [--once] [--json]
     hcs bus init [--replicas N]
+    hcs models [--vendor V] [--json]
     hcs convert AMOUNT UNIT --to VENDOR/MODEL
-        UNIT: tflops-fp16|tflops-bf16|tflops-fp32|acu|vram, or a model:
+        UNIT: tflops-fp16|tflops-bf16|tflops-fp32|acu|vram (AMOUNT 16Gi), or a model:
         hcs convert 1 nvidia/A100-80G --to hygon/K100
     hcs place --vram 16Gi [--tflops-fp16 N] [--acu N] [--devices N] [--vendors a,b] …
-    hcs watch 'hcs.health.*'
+    hcs watch 'hcs.health.*' [--count N]
     hcs certs --out DIR --dns NAME…
+    hcs completion bash|zsh|tcsh
 
-Bad flags or files print one line naming the field and value and exit 2.
+Global options (``--nats-url``, ``--config``, ``--connect-timeout``) go before
+or after the command. A bad flag or file prints one line naming the flag and
+value and exits 2; a command that cannot reach NATS within
+``--connect-timeout`` prints one line and exits 1.
 """
 
 from __future__ import annotations
@@ -19,25 +24,34 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
+import socket
 import sys
 from collections import deque
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
+import nats.js.errors
+import shtab
 
-from hcs_bus import messages, streams, subjects, tasks
+from hcs import commands, flags
+from hcs_bus import messages, subjects, tasks
 from hcs_bus.bus import Bus, connect
-from hcs_bus.errors import ConfigError, HcsError
+from hcs_bus.errors import BusTimeout, ConfigError, HcsError
 from hcs_bus.messages import HealthEvent
+from hcs_bus.redacting import redact_url
 from hcs_bus.settings import Settings, load, replace
-from hcs_bus.telemetry import configure
+from hcs_bus.telemetry import configure, logger
 from scheduler.viewing import ClusterView
 
 DEFAULT_FLEET = Path("deploy/examples/fleet.yaml")
+CONNECT_TIMEOUT_S = 3.0
+UNITS = ("tflops-fp16", "tflops-bf16", "tflops-fp32", "acu", "vram")
+_log = logger("hcs.cli")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,18 +59,172 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hcs", description="Heterogeneous-accelerator scheduler")
-    parser.add_argument("--config", help="settings YAML (also HCS_CONFIG)")
-    parser.add_argument("--nats-url", help="NATS server URL (default: settings / NATS_URL)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _version() -> str:
+    try:
+        return metadata.version("hcs")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
-    up = sub.add_parser("up", help="run the whole stack on an embedded NATS and a simulated fleet")
-    up.add_argument("--for", dest="for_s", type=float, help="stop cleanly after SECONDS")
-    up.add_argument("--fleet", type=Path, default=None, help="fleet YAML")
-    up.add_argument("--extender", default="127.0.0.1:8888", help="extender HOST:PORT")
-    up.add_argument("--webhook", default="127.0.0.1:8443", help="webhook HOST:PORT")
-    up.add_argument("--state-dir", type=Path, help="keep NATS store, certs and logs here")
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The options every command takes, before or after its name. On a
+    command's parser they default to SUPPRESS, so they never undo a value
+    given before the command."""
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--config", metavar="FILE", default=default(None), help="settings YAML (also HCS_CONFIG)"
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
+    group.add_argument(
+        "--nats-url",
+        metavar="URL",
+        type=flags.nats_url,
+        default=default(None),
+        help="NATS server URL, e.g. nats://127.0.0.1:4222 (default: settings, HCS_BUS__URL)",
+    )
+    group.add_argument(
+        "--connect-timeout",
+        dest="connect_timeout_s",
+        metavar="SECONDS",
+        type=flags.positive_number,
+        default=default(CONNECT_TIMEOUT_S),
+        help=f"give up reaching NATS after this long (default {CONNECT_TIMEOUT_S:g})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hcs",
+        description="Heterogeneous-accelerator scheduler: run it, watch it, ask it.",
+        epilog="Global options may also follow the command: hcs watch --nats-url URL.",
+    )
+    parser.add_argument("--version", action="version", version=f"hcs {_version()}")
+    _global_options(parser, top=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
+
+    def command(name: str, about: str, parent: Any = sub) -> argparse.ArgumentParser:
+        made: argparse.ArgumentParser = parent.add_parser(name, help=about, description=about)
+        _global_options(made, top=False)
+        return made
+
+    _up_flags(command("up", "run the whole stack on an embedded NATS and a simulated fleet"))
+    top = command("top", "the unified fleet view (live on a terminal)")
+    top.add_argument("--once", action="store_true", help="print the view once and exit")
+    top.add_argument("--json", action="store_true", help="print the view once as JSON")
+
+    bus = command("bus", "bus administration")
+    bus_sub = bus.add_subparsers(
+        dest="bus_command", required=True, parser_class=_Parser, metavar="BUS_COMMAND"
+    )
+    init = command("init", "create or update the streams and KV buckets", parent=bus_sub)
+    init.add_argument(
+        "--replicas",
+        type=flags.replicas,
+        metavar="N",
+        help="copies of each stream, 1..5 (1 on one server, 3 in a cluster; default: settings)",
+    )
+
+    models = command("models", "list the known accelerator models and their figures")
+    models.add_argument("--vendor", type=str.lower, help="only this vendor's models")
+    models.add_argument("--json", action="store_true", help="print the list as JSON")
+
+    _convert_flags(command("convert", "equivalent device counts between models"))
+    _place_flags(command("place", "ask the running scheduler for a plan (a dry run)"))
+
+    check = command(
+        "check",
+        "compare the reservation ledger with the pods (needs a cluster); exit 1 on any inconsistency",
+    )
+    check.add_argument(
+        "--settle",
+        dest="settle_s",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between the two readings (a bind under way is not reported)",
+    )
+    watch = command("watch", "print bus messages as JSON lines")
+    watch.add_argument(
+        "subject",
+        nargs="?",
+        default="hcs.health.*",
+        type=flags.subject,
+        help="NATS subject, wildcards allowed (default: hcs.health.*)",
+    )
+    watch.add_argument(
+        "--count", type=flags.positive_int, metavar="N", help="exit after N messages"
+    )
+
+    certs = command("certs", "write a development CA and a serving certificate")
+    certs.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="folder to write them in"
+    ).complete = shtab.DIRECTORY  # type: ignore[attr-defined]
+    certs.add_argument(
+        "--dns",
+        nargs="+",
+        type=flags.dns_name,
+        default=["localhost"],
+        metavar="NAME",
+        help="DNS names the certificate is for (default: localhost)",
+    )
+    certs.add_argument(
+        "--ip",
+        nargs="*",
+        type=flags.ip_address,
+        default=["127.0.0.1"],
+        metavar="ADDRESS",
+        help="IP addresses the certificate is for (default: 127.0.0.1)",
+    )
+
+    completion = command("completion", "print a shell completion script")
+    completion.add_argument(
+        "shell",
+        choices=["bash", "zsh", "tcsh"],
+        help='e.g. eval "$(hcs completion bash)" in ~/.bashrc',
+    )
+    return parser
+
+
+def _up_flags(up: argparse.ArgumentParser) -> None:
+    up.add_argument(
+        "--for",
+        dest="for_s",
+        type=flags.positive_number,
+        metavar="SECONDS",
+        help="stop cleanly after SECONDS (default: until Ctrl-C)",
+    )
+    up.add_argument(
+        "--fleet",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"simulated fleet YAML (default: {DEFAULT_FLEET})",
+    ).complete = shtab.FILE  # type: ignore[attr-defined]
+    up.add_argument(
+        "--extender",
+        default="127.0.0.1:8888",
+        type=flags.host_port,
+        metavar="HOST:PORT",
+        help="where the scheduler extender listens (default: 127.0.0.1:8888)",
+    )
+    up.add_argument(
+        "--webhook",
+        default="127.0.0.1:8443",
+        type=flags.host_port,
+        metavar="HOST:PORT",
+        help="where the injector's webhook listens (default: 127.0.0.1:8443)",
+    )
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the NATS store, certificates and logs here (default: a temporary folder)",
+    ).complete = shtab.DIRECTORY  # type: ignore[attr-defined]
     up.add_argument(
         "--no-demo-job",
         dest="demo_job",
@@ -64,97 +232,195 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not run the demo training job (admitted, scheduled, checkpointed, resumed)",
     )
 
-    top = sub.add_parser("top", help="the unified fleet view")
-    top.add_argument("--once", action="store_true")
-    top.add_argument("--json", action="store_true")
 
-    bus = sub.add_parser("bus", help="bus administration")
-    bus_sub = bus.add_subparsers(dest="bus_command", required=True, parser_class=_Parser)
-    init = bus_sub.add_parser("init", help="create or update streams and KV buckets")
-    init.add_argument("--replicas", type=int, help="stream replicas (1 locally, 3 in a cluster)")
+def _convert_flags(conv: argparse.ArgumentParser) -> None:
+    conv.add_argument(
+        "amount",
+        metavar="AMOUNT",
+        help="how much: a number, VRAM with its unit (16Gi, 16384Mi), or a device count",
+    )
+    conv.add_argument(
+        "unit", metavar="UNIT", help=f"{'|'.join(UNITS)}, or a model (VENDOR/MODEL, any case)"
+    )
+    conv.add_argument("--to", required=True, metavar="VENDOR/MODEL", help="the target model")
 
-    conv = sub.add_parser("convert", help="equivalent device counts between models")
-    conv.add_argument("amount", type=float)
-    conv.add_argument("unit", help="tflops-fp16|tflops-bf16|tflops-fp32|acu|vram or VENDOR/MODEL")
-    conv.add_argument("--to", required=True, help="target VENDOR/MODEL")
 
-    place = sub.add_parser("place", help="ask the running scheduler for a plan")
-    place.add_argument("--vram", default="0", help="e.g. 16Gi")
-    for unit in ("tflops-fp16", "tflops-bf16", "tflops-fp32", "acu"):
-        place.add_argument(f"--{unit}", type=float, default=0.0)
-    place.add_argument("--devices", type=int)
-    place.add_argument("--vendors", default="")
-    place.add_argument("--models", default="")
-    place.add_argument("--substitution", choices=["allow", "ask", "deny"], default="deny")
-    place.add_argument("--job")
-    place.add_argument("--topology", choices=["high-bandwidth", "any"], default="any")
-    place.add_argument("--namespace", default="default")
-    place.add_argument("--timeout", type=float, default=2.0)
-
-    watch = sub.add_parser("watch", help="print bus messages as JSON lines")
-    watch.add_argument("subject", nargs="?", default="hcs.health.*")
-    watch.add_argument("--count", type=int, help="exit after N messages")
-
-    certs = sub.add_parser("certs", help="development CA and serving certificate")
-    certs.add_argument("--out", type=Path, required=True)
-    certs.add_argument("--dns", nargs="+", default=["localhost"])
-    certs.add_argument("--ip", nargs="*", default=["127.0.0.1"])
-    return parser
+def _place_flags(place: argparse.ArgumentParser) -> None:
+    place.add_argument(
+        "--vram", type=flags.vram_mib, metavar="SIZE", help="VRAM with its unit, e.g. 16Gi"
+    )
+    for unit in ("tflops-fp16", "tflops-bf16", "tflops-fp32"):
+        place.add_argument(
+            f"--{unit}",
+            type=flags.positive_number,
+            metavar="N",
+            help=f"dense {unit[7:].upper()} TFLOPS the pod needs",
+        )
+    place.add_argument(
+        "--acu",
+        type=flags.positive_number,
+        metavar="N",
+        help="compute in ACU (1 ACU = 1 %% of an A100-80G's dense FP16)",
+    )
+    place.add_argument(
+        "--devices", type=flags.device_count, metavar="N", help="whole devices the pod needs"
+    )
+    place.add_argument(
+        "--vendors", type=flags.names, default=(), metavar="A,B", help="only these vendors"
+    )
+    place.add_argument(
+        "--models",
+        type=flags.names,
+        default=(),
+        metavar="M,N",
+        help="preferred models (VENDOR/MODEL or a model name, any case)",
+    )
+    place.add_argument(
+        "--substitution",
+        choices=["allow", "ask", "deny"],
+        default="deny",
+        help="another model when the named ones have no room: allow, ask (an offer), deny",
+    )
+    place.add_argument("--job", help="the job this pod belongs to (checkpoint, gang)")
+    place.add_argument(
+        "--topology",
+        choices=["high-bandwidth", "any"],
+        default="any",
+        help="high-bandwidth: devices joined by NVLink/HCCS/xGMI on one node",
+    )
+    place.add_argument("--namespace", default="default", help="namespace (for its quota)")
+    place.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=flags.positive_number,
+        default=2.0,
+        metavar="SECONDS",
+        help="wait this long for a scheduler's answer (default 2)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    url = "NATS"
     try:
         args = build_parser().parse_args(argv)
         settings = load(path=args.config)
         if args.nats_url:
             settings = replace(settings, bus={"url": args.nats_url})
+        url = redact_url(settings.bus.url)
         if args.command != "up" and "HCS_TELEMETRY__LOG_LEVEL" not in os.environ:
             # A command's output is its answer; logs only when something is wrong.
             settings = replace(settings, telemetry={"log_level": "warning"})
         configure(settings.telemetry, service=f"hcs-{args.command}")
         return asyncio.run(_dispatch(args, settings))
     except ConfigError as exc:
-        print(f"hcs: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc), code=2)
     except HcsError as exc:
-        print(f"hcs: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(str(exc), code=1)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the last resort: one line, never a traceback
+        _log.debug("command_failed", exc_info=exc)
+        return _fail(_explain(exc, url=url), code=1)
+
+
+def _fail(message: str, *, code: int) -> int:
+    line = " ".join(message.split())  # one line, whatever the message held
+    print(f"hcs: error: {line}", file=sys.stderr)
+    return code
+
+
+def _explain(exc: Exception, *, url: str) -> str:
+    """A third-party error from the bus as one sentence for the user."""
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
+        return f"NATS at {url} does not answer JetStream requests (start nats-server with -js)"
+    if isinstance(exc, nats.js.errors.NotFoundError):
+        return f"NATS at {url}: {exc.description or 'not found'} (run: hcs bus init)"
+    if isinstance(exc, nats.errors.ConnectionClosedError | TimeoutError):
+        return f"NATS at {url} stopped answering ({type(exc).__name__})"
+    if isinstance(exc, nats.errors.Error):
+        return f"NATS at {url}: {exc}"
+    return (
+        f"unexpected {type(exc).__name__}: {exc} "
+        "(HCS_TELEMETRY__LOG_LEVEL=debug shows where it came from)"
+    )
 
 
 async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     command = args.command
     if command == "up":
-        from hcs.up import UpOptions, run
-
-        options = UpOptions(
-            nats_url=args.nats_url,
-            fleet=args.fleet or _default_fleet(),
-            for_s=args.for_s,
-            extender=args.extender,
-            webhook=args.webhook,
-            state_dir=args.state_dir,
-            demo_job=args.demo_job,
-        )
-        return await run(settings, options)
+        return await _up(args, settings)
     if command == "convert":
-        return _convert(args)
+        return commands.convert(amount=args.amount, unit=args.unit, to=args.to)
+    if command == "models":
+        return commands.list_models(vendor=args.vendor, as_json=args.json)
     if command == "certs":
-        return _certs(args)
-    bus = await connect(settings.bus, name=f"hcs-{command}")
+        return commands.certs(args)
+    if command == "completion":
+        print(shtab.complete(build_parser(), shell=args.shell))
+        return 0
+    request = commands.plan_request(args) if command == "place" else None  # checked first
+    bus = await connect(settings.bus, name=f"hcs-{command}", give_up_after_s=args.connect_timeout_s)
     try:
         if command == "top":
-            return await _top(bus, settings, once=args.once, as_json=args.json)
+            return await _top(bus, settings, once=args.once or args.json, as_json=args.json)
         if command == "bus":
-            return await _bus_init(bus, settings, replicas=args.replicas)
-        if command == "place":
-            return await _place(bus, args)
+            return await commands.bus_init(bus, settings, replicas=args.replicas)
+        if request is not None:
+            return await commands.place(bus, request, timeout_s=args.timeout_s)
         if command == "watch":
-            return await _watch(bus, args.subject, count=args.count)
+            return await commands.watch(bus, args.subject, count=args.count)
+        if command == "check":
+            return await _check(bus, settings, settle_s=args.settle_s)
     finally:
         await bus.nc.close()
     raise ConfigError(f"unknown command {command!r}")
+
+
+async def _check(bus: Bus, settings: Settings, *, settle_s: float) -> int:
+    from hcs_bus import kube as kube_mod
+    from scheduler import checking
+
+    kube = await kube_mod.connect(settings.kube)
+    if kube is None:
+        raise ConfigError("hcs check needs a cluster: set KUBECONFIG or run in-cluster")
+    try:
+        return await checking.run(bus, kube, settle_s=settle_s)
+    finally:
+        await kube.close()
+
+
+async def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from hcs.up import UpOptions, run
+
+    options = UpOptions(
+        nats_url=args.nats_url,
+        fleet=args.fleet or _default_fleet(),
+        for_s=args.for_s,
+        extender=await _bind_address(args.extender, flag="--extender"),
+        webhook=await _bind_address(args.webhook, flag="--webhook"),
+        state_dir=args.state_dir,
+        demo_job=args.demo_job,
+    )
+    if args.nats_url:  # an unreachable NATS is one line now, not a hang later
+        probe = await connect(settings.bus, name="hcs-up", give_up_after_s=args.connect_timeout_s)
+        await probe.nc.close()
+    return await run(settings, options)
+
+
+async def _bind_address(host_port: tuple[str, int], *, flag: str) -> str:
+    """``HOST:PORT`` with the host as an IP address (the serving certificate
+    names it): ``localhost:8443`` becomes ``127.0.0.1:8443``."""
+    host, port = host_port
+    loop = asyncio.get_running_loop()
+    try:
+        found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(
+            f"hcs up: {flag}: cannot resolve {host!r}: {exc.strerror or exc}"
+        ) from exc
+    families = sorted(found, key=lambda info: info[0] != socket.AF_INET)  # IPv4 first
+    address = str(families[0][4][0])
+    return f"{address}:{port}"
 
 
 def _default_fleet() -> Path:
@@ -254,123 +520,22 @@ async def _top(bus: Bus, settings: Settings, *, once: bool, as_json: bool) -> in
     from hcs.top import render, summarise
 
     if not once:
-        stop = asyncio.Event()
+        stop = tasks.stop_event()
         await show_top(bus, settings, live=sys.stdout.isatty(), stop=stop)
         return 0
     view = ClusterView(bus, settings=settings.scheduler)
     await view.start()
     try:
-        await view.wait_ready(timeout_s=30)
+        try:
+            await view.wait_ready(timeout_s=30)
+        except TimeoutError:
+            raise BusTimeout(
+                f"the fleet view from {redact_url(settings.bus.url)} did not load in 30 s"
+            ) from None
         summary = summarise(view.state)
     finally:
         await view.stop()
     print(json.dumps(summary, indent=2) if as_json else render(summary))
-    return 0
-
-
-# -- bus, convert, place, watch, certs ----------------------------------------
-async def _bus_init(bus: Bus, settings: Settings, *, replicas: int | None) -> int:
-    bus_settings = settings.bus
-    if replicas is not None:
-        bus_settings = replace(settings, bus={"replicas": replicas}).bus
-    result = await streams.init(bus, bus_settings)
-    print(
-        f"created: {', '.join(result.created) or '-'}; updated: {', '.join(result.updated) or '-'}"
-    )
-    return 0
-
-
-def _convert(args: argparse.Namespace) -> int:
-    from hcs_bus import profiles
-
-    db = profiles.load()
-    target = _profile(db, args.to, what="--to")
-    if "/" in args.unit:
-        source = _profile(db, args.unit, what="UNIT")
-        if not math.isfinite(args.amount) or args.amount <= 0 or args.amount != int(args.amount):
-            raise ConfigError(f"AMOUNT: {args.amount} must be a whole number of devices")
-        result = profiles.equivalent(source, int(args.amount), target)
-    else:
-        try:
-            result = profiles.convert_amount(args.amount, args.unit, target)
-        except ValueError as exc:
-            raise ConfigError(f"UNIT: {exc}") from exc
-    print(result.arithmetic)
-    print(f"= {result.devices} × {target.key}")
-    return 0
-
-
-def _profile(db: Any, key: str, *, what: str) -> Any:
-    try:
-        return db.get(key)
-    except KeyError as exc:
-        raise ConfigError(f"{what}: {exc.args[0] if exc.args else key}") from exc
-
-
-async def _place(bus: Bus, args: argparse.Namespace) -> int:
-    from hcs_bus.units import QuantityError, quantity_mib
-    from scheduler.explaining import render_plan
-    from scheduler.serving import ask_plan
-
-    try:
-        vram = quantity_mib(args.vram)
-    except QuantityError as exc:
-        raise ConfigError(f"--vram: {exc}") from exc
-    request = messages.PlanRequest(
-        namespace=args.namespace,
-        requests=messages.Requests(
-            vram_mib=vram,
-            tflops_fp16=args.tflops_fp16,
-            tflops_bf16=args.tflops_bf16,
-            tflops_fp32=args.tflops_fp32,
-            acu=args.acu,
-            devices=args.devices,
-        ),
-        policy=messages.Policy(
-            vendors=tuple(v for v in args.vendors.split(",") if v),
-            models=tuple(m for m in args.models.split(",") if m),
-            substitution=args.substitution,
-            job=args.job,
-            topology=args.topology,
-        ),
-        dry_run=True,
-    )
-    plan = await ask_plan(bus, request, timeout_s=args.timeout)
-    print(render_plan(plan))
-    return 0 if plan.ok else 1
-
-
-async def _watch(bus: Bus, subject: str, *, count: int | None) -> int:
-    done = asyncio.Event()
-    seen = 0
-
-    async def on_msg(msg: Any) -> None:
-        nonlocal seen
-        try:
-            body = json.loads(msg.data)
-        except ValueError:
-            body = {"undecodable": msg.data.decode(errors="replace")}
-        print(json.dumps({"subject": msg.subject, **body}), flush=True)
-        seen += 1
-        if count is not None and seen >= count:
-            done.set()
-
-    sub = await bus.nc.subscribe(subject, cb=on_msg)
-    stop = tasks.stop_event()
-    waits = [asyncio.create_task(done.wait()), asyncio.create_task(stop.wait())]
-    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for task in waits:
-        task.cancel()
-    await sub.unsubscribe()
-    return 0
-
-
-def _certs(args: argparse.Namespace) -> int:
-    from injector.certs import make_dev_certs
-
-    made = make_dev_certs(args.out, dns=list(args.dns), ips=list(args.ip))
-    print(f"wrote {args.out}: ca.crt, tls.crt, tls.key")
-    print(f"caBundle: {made.ca_bundle_b64}")
     return 0
 
 

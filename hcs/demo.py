@@ -33,7 +33,7 @@ import aiohttp
 import jsonpatch
 import msgspec
 
-from hcs_bus import checkpoint, messages, subjects
+from hcs_bus import checkpoint, messages, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import AllocationEvent, HealthEvent, PodRef, ReleaseRequest
@@ -143,9 +143,9 @@ class DemoJob:
                 "uid": attempt.uid,
                 "labels": {"app": s.job},
                 "annotations": {
-                    "hcs.io/job": s.job,
-                    "hcs.io/models": s.model,
-                    "hcs.io/substitution": "allow",
+                    vocabulary.JOB: s.job,
+                    vocabulary.MODELS: s.model,
+                    vocabulary.SUBSTITUTION: "allow",
                 },
             },
             "spec": {
@@ -205,7 +205,7 @@ class DemoJob:
             await bound.unsubscribe()
         attempt.node = node
         attempt.model = f"{event.devices and len(event.devices)} × {event.vendor}/{event.model}"
-        attempt.resume_from = event.annotations.get("hcs.io/resume-from", "")
+        attempt.resume_from = event.annotations.get(vocabulary.RESUME_FROM, "")
         return True
 
     # -- training and eviction ------------------------------------------------

@@ -26,6 +26,7 @@ from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.errors import ConfigError
 from hcs_bus.natsserver import NatsServer
+from hcs_bus.redacting import redact_url
 from hcs_bus.settings import Settings, replace
 from hcs_bus.telemetry import logger
 from scheduler.viewing import ClusterView
@@ -176,10 +177,10 @@ def _log_file(state_dir: Path, name: str) -> int:
 def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path) -> None:
     s = settings
     print(
-        f"hcs up: NATS {s.bus.url} | extender http://{s.scheduler.extender_host}:"
+        f"hcs up: NATS {redact_url(s.bus.url)} | extender http://{s.scheduler.extender_host}:"
         f"{s.scheduler.extender_port}/{{filter,prioritize,bind,preempt}} | webhook "
         f"https://{s.injector.host}:{s.injector.port}/mutate (CA {certs_dir / 'ca.crt'}) | "
-        f"logs {state_dir / 'logs'} | alerts: hcs watch 'hcs.health.*' --nats-url {s.bus.url}",
+        f"logs {state_dir / 'logs'} | alerts: hcs watch 'hcs.health.*' --nats-url {redact_url(s.bus.url)}",
         flush=True,
     )
 

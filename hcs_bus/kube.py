@@ -7,6 +7,9 @@ types. Wire facts (DESIGN §6): extended resources by JSON Patch on
 ``nodes/<n>/status``; taints read-modify-write with ``resourceVersion``
 (strategic merge replaces the list), retried on 409; node conditions by
 strategic merge on ``/status`` (merged by ``type``); Binding with annotations.
+Pods and Nodes are followed by one list-then-watch (``_list_and_watch``):
+resumed from the last resourceVersion, BOOKMARKs included, a new list after
+410 Gone.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "get_pod": (ApiCall("", "pods", ("get",)),),
     "list_pods": (ApiCall("", "pods", ("list",)),),
     "watch_pods": (ApiCall("", "pods", ("list", "watch")),),
+    "watch_nodes": (ApiCall("", "nodes", ("list", "watch")),),
     "get_lease": (ApiCall(_COORD, "leases", ("get",)),),
     "create_lease": (ApiCall(_COORD, "leases", ("create",)),),
     "replace_lease": (ApiCall(_COORD, "leases", ("update",)),),
@@ -230,25 +234,24 @@ class Kube:
         label_selector: str | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
         """All pages of a pod list, and the list's resourceVersion."""
-        selectors = {"field_selector": field_selector, "label_selector": label_selector}
-        query = {k: v for k, v in selectors.items() if v}
+        query = _selectors(field_selector=field_selector, label_selector=label_selector)
+        if namespace is None:
+            return await self._list_all("list pods", self._core.list_pod_for_all_namespaces, query)
+        return await self._list_all(
+            f"list pods in {namespace}", self._core.list_namespaced_pod, query, namespace
+        )
+
+    async def _list_all(
+        self, what: str, fn: Any, query: dict[str, str], /, *args: Any
+    ) -> tuple[list[dict[str, Any]], str]:
+        """All pages of a list (``limit``/``continue``), and the list's resourceVersion."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
             page_args: dict[str, Any] = {"limit": 500, **query}
             if token:
                 page_args["_continue"] = token
-            if namespace is None:
-                page = await self._call(
-                    "list pods", self._core.list_pod_for_all_namespaces, **page_args
-                )
-            else:
-                page = await self._call(
-                    f"list pods in {namespace}",
-                    self._core.list_namespaced_pod,
-                    namespace,
-                    **page_args,
-                )
+            page = await self._call(what, fn, *args, **page_args)
             items.extend(page.get("items") or [])
             token = page.get("metadata", {}).get("continue")
             if not token:
@@ -314,34 +317,59 @@ class Kube:
         """Yield (ADDED|MODIFIED|DELETED, pod) forever: a list first (as ADDED),
         then a watch resumed from the last resourceVersion. On 410 Gone it lists
         again and yields the difference to what it had seen."""
+        query = _selectors(field_selector=field_selector, label_selector=None)
+        async for event in self._list_and_watch(
+            "pods", self._core.list_pod_for_all_namespaces, query
+        ):
+            yield event
+
+    async def _list_and_watch(
+        self,
+        what: str,
+        fn: Any,
+        query: dict[str, str],
+        *,
+        synced: asyncio.Event | None = None,
+        keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """List-then-watch of one cluster-wide collection (``fn`` is its list
+        call), resumed from the last resourceVersion (BOOKMARKs move it too);
+        410 Gone → list again and yield the difference; retryable errors back off.
+        ``synced`` is set once the events of the first list have been taken;
+        ``keep`` trims what is remembered for that difference (a DELETED it
+        yields carries only what was kept)."""
         known: dict[tuple[str, str], dict[str, Any]] = {}
         rv: str | None = None
         backoff_s = 0.2
         while True:
             try:
                 if rv is None:
-                    pods, rv = await self._list_pods(namespace=None, field_selector=field_selector)
-                    for event in resync(known, pods):
+                    items, rv = await self._list_all(f"list {what}", fn, query)
+                    for event in resync(known, items):
                         yield event
-                async for kind, pod in self._watch_from(rv, field_selector):
-                    rv = pod.get("metadata", {}).get("resourceVersion", rv)
+                    if keep is not None:
+                        known = {key: keep(obj) for key, obj in known.items()}
+                    if synced is not None:
+                        synced.set()
+                async for kind, obj in self._watch_from(what, fn, rv, query):
+                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
                     backoff_s = 0.2
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        _remember(known, kind, pod)
-                        yield kind, pod
+                        _remember(known, kind, keep(obj) if keep is not None else obj)
+                        yield kind, obj
             except KubeError as exc:
                 if exc.status == 410:
-                    _log.info("kube_watch_expired", resource_version=rv)
+                    _log.info("kube_watch_expired", resource=what, resource_version=rv)
                     rv = None
                     continue
                 if not _retryable(exc):
                     raise
-                _log.warning("kube_watch_retry", error=str(exc), delay_s=backoff_s)
+                _log.warning("kube_watch_retry", resource=what, error=str(exc), delay_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, WATCH_BACKOFF_MAX_S)
 
     async def _watch_from(
-        self, rv: str, field_selector: str | None
+        self, what: str, fn: Any, rv: str, query: dict[str, str]
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """One watch request until the server ends it; BOOKMARKs come through too."""
         kwargs: dict[str, Any] = {
@@ -349,18 +377,37 @@ class Kube:
             "allow_watch_bookmarks": True,
             "timeout_seconds": WATCH_TIMEOUT_S,
             "_request_timeout": (self._timeout_s, WATCH_TIMEOUT_S + 30),
+            **query,
         }
-        if field_selector:
-            kwargs["field_selector"] = field_selector
         async with Watch(return_type="object") as watch:
-            stream = watch.stream(self._core.list_pod_for_all_namespaces, **kwargs)
+            stream = watch.stream(fn, **kwargs)
             try:
                 async for event in stream:
                     yield str(event["type"]), event["raw_object"]
             except ApiException as exc:
-                raise status_error("watch pods", exc) from exc
+                raise status_error(f"watch {what}", exc) from exc
             except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-                raise KubeUnavailable(f"watch pods: {exc!r}") from exc
+                raise KubeUnavailable(f"watch {what}: {exc!r}") from exc
+
+    async def watch_nodes(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        synced: asyncio.Event | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Yield (ADDED|MODIFIED|DELETED, node) forever, as ``watch_pods`` does:
+        a list first (as ADDED), a watch resumed from the last resourceVersion,
+        a fresh list with the difference after 410 Gone. ``synced`` is set once
+        every Node of the first list has been yielded (and taken). Only each
+        Node's metadata is remembered between lists (a Node's status, images
+        included, is large), so a DELETED found by a new list carries metadata
+        alone."""
+        query = _selectors(field_selector=field_selector, label_selector=label_selector)
+        async for event in self._list_and_watch(
+            "nodes", self._core.list_node, query, synced=synced, keep=_metadata_only
+        ):
+            yield event
 
     # -- leases --------------------------------------------------------------
 
@@ -438,6 +485,15 @@ class Kube:
             {"status": status},
             _content_type=MERGE_PATCH,
         )
+
+
+def _selectors(*, field_selector: str | None, label_selector: str | None) -> dict[str, str]:
+    selectors = {"field_selector": field_selector, "label_selector": label_selector}
+    return {k: v for k, v in selectors.items() if v}
+
+
+def _metadata_only(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": obj.get("metadata") or {}}
 
 
 def _retryable(exc: KubeError) -> bool:

@@ -14,7 +14,7 @@ Times are Unix seconds (float) taken from the producer's clock and named
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -195,6 +195,11 @@ class Plan(_Frozen, frozen=True, tag="plan", tag_field="type"):
     rejected: tuple[Rejection, ...] = ()
     substituted_from: str | None = None
     offer: Offer | None = None
+    # the most of each extended resource one schedulable node of the planned
+    # class advertises, in the node's unit (ai.compute/vram bytes, acu, devices);
+    # empty when the planner does not say. The injector refuses a pod asking for
+    # more, which the kubelet would refuse (OutOf<key>).
+    node_capacity: dict[str, int] = {}
     v: int = 1
 
 
@@ -304,18 +309,41 @@ ALL_MESSAGES: tuple[type[Any], ...] = (
 T = TypeVar("T")
 
 ENCODER = msgspec.json.Encoder()
-_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+class Decoder(Generic[T]):
+    """A JSON decoder for one message type whose every failure is a
+    ``msgspec.DecodeError``: msgspec itself lets invalid UTF-8 out as
+    ``UnicodeDecodeError`` and deep nesting as ``RecursionError``, which a
+    caller catching msgspec's errors would not expect (a poisoned message must
+    be a bad message, never a crashed consumer)."""
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self, kind: type[T]) -> None:
+        self._decoder = msgspec.json.Decoder(kind)
+
+    def decode(self, data: bytes) -> T:
+        try:
+            return self._decoder.decode(data)
+        except msgspec.MsgspecError:
+            raise
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise msgspec.DecodeError(f"undecodable message: {exc!r:.200}") from exc
+
+
+_DECODERS: dict[Any, Decoder[Any]] = {}
 
 
 def encode(message: msgspec.Struct) -> bytes:
     return ENCODER.encode(message)
 
 
-def decoder_for(kind: type[T]) -> msgspec.json.Decoder[T]:
+def decoder_for(kind: type[T]) -> Decoder[T]:
     """The one module-level decoder for a message type (built once, reused)."""
     found = _DECODERS.get(kind)
     if found is None:
-        found = _DECODERS[kind] = msgspec.json.Decoder(kind)
+        found = _DECODERS[kind] = Decoder(kind)
     return found
 
 

@@ -47,10 +47,10 @@ from typing import Any
 
 import nkeys
 
-from hcs_bus import streams, subjects
+from hcs_bus import streams, subjects, vocabulary
 
 JS_API = "$JS.API"
-NKEY_LABEL = "hcs.io/nats-nkey"
+NKEY_LABEL = vocabulary.NATS_NKEY_LABEL
 SERVICES = ("scheduler", "injector", "healer", "mirror", "sidecar", "operator")
 FLEET = "fleet"  # dev only: the simulated fleet, one process playing every node
 HEALER_DURABLE = "hcs-healer-health"

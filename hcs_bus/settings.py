@@ -4,6 +4,10 @@ Sources, later wins: defaults, a YAML file (``HCS_CONFIG`` or ``--config``;
 decoded strictly, unknown keys are an error), then environment variables
 ``HCS_<GROUP>__<FIELD>`` (e.g. ``HCS_BUS__URL``). ``NATS_URL`` is honoured for
 ``bus.url``. Every field carries its unit in its name.
+
+Secrets never leave in a dump: ``repr()`` of the bus group masks its
+password, token and the credentials of its URL, and ``redacted(settings)`` is
+the form to print or log.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import msgspec
 import yaml
 
 from hcs_bus.errors import ConfigError
+from hcs_bus.redacting import MASK, is_secret_key, redact_url
 
 
 class _Group(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -30,6 +35,7 @@ class BusSettings(_Group, frozen=True, forbid_unknown_fields=True):
     nkey_seed_file: str | None = None
     user: str | None = None
     password: str | None = None
+    token: str | None = None
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -43,6 +49,10 @@ class BusSettings(_Group, frozen=True, forbid_unknown_fields=True):
     health_max_age_s: float = 7 * 24 * 3600.0
     health_max_per_node: int = 10_000
     alloc_max_age_s: float = 30 * 24 * 3600.0
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in _redacted_fields(self).items())
+        return f"BusSettings({shown})"
 
 
 class TelemetrySettings(_Group, frozen=True, forbid_unknown_fields=True):
@@ -69,6 +79,15 @@ class AgentSettings(_Group, frozen=True, forbid_unknown_fields=True):
     vendor_tool_timeout_s: float = 5.0
     measure_acu: bool = True
     fleet_file: str | None = None
+    # node-side VRAM backstop (agents/backstop.py): per-process device memory
+    # against each pod's hcs.io/vram-quota; "off" disables it
+    vram_backstop_action: Literal["off", "report", "evict", "kill"] = "report"
+    vram_backstop_interval_s: float = 10.0
+    vram_backstop_slack_mib: int = (
+        512  # per process: the driver's context, not seen by the interceptor
+    )
+    vram_backstop_confirm_sweeps: int = 2  # act after this many sweeps in a row over quota
+    proc_root: str = "/proc"  # the host's /proc (hostPID, or a hostPath mount)
 
 
 class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
@@ -173,6 +192,26 @@ def _env_value(value: str) -> Any:
     if "," in value:
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def redacted(settings: msgspec.Struct) -> dict[str, Any]:
+    """Settings (or one group) as plain data with every secret masked."""
+    return {
+        name: redacted(value) if isinstance(value, msgspec.Struct) else value
+        for name, value in _redacted_fields(settings).items()
+    }
+
+
+def _redacted_fields(group: msgspec.Struct) -> dict[str, Any]:
+    shown: dict[str, Any] = {}
+    for name in group.__struct_fields__:
+        value = getattr(group, name)
+        if value is not None and is_secret_key(name):
+            value = MASK
+        elif name == "url" and isinstance(value, str):
+            value = redact_url(value)
+        shown[name] = value
+    return shown
 
 
 def replace(settings: Settings, **groups: Mapping[str, Any]) -> Settings:

@@ -1,10 +1,14 @@
 """The streams and KV buckets of DESIGN §1, created or updated idempotently
-(``hcs bus init``). Only nats-server 2.9 features are used (DESIGN §7.7)."""
+(``hcs bus init`` and every part at start). What the server holds is compared
+with what the settings want (``hcs_bus.changes``) and only what differs is
+touched, so a second run reports every one unchanged. Only nats-server 2.9
+features are used (DESIGN §7.7)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from nats.js.api import (
     DiscardPolicy,
@@ -13,10 +17,11 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
 
 from hcs_bus import subjects
 from hcs_bus.bus import Bus
+from hcs_bus.changes import changes
 from hcs_bus.settings import BusSettings
 from hcs_bus.telemetry import logger
 
@@ -32,6 +37,10 @@ _log = logger("hcs.streams")
 
 def stream_configs(settings: BusSettings) -> list[StreamConfig]:
     r = settings.replicas
+    # A replay must not dead-letter a message again (the copy's Nats-Msg-Id is
+    # <stream>:<seq>): the DLQ remembers ids as long as it keeps letters, and
+    # keeps them at least as long as the streams they came from.
+    dlq_age_s = max(14 * 24 * 3600.0, settings.health_max_age_s, settings.alloc_max_age_s)
     common: dict[str, Any] = {
         "retention": RetentionPolicy.LIMITS,
         "storage": StorageType.FILE,
@@ -67,10 +76,9 @@ def stream_configs(settings: BusSettings) -> list[StreamConfig]:
         StreamConfig(
             name=DLQ,
             subjects=[subjects.DLQ_ALL],
-            max_age=14 * 24 * 3600.0,
             max_bytes=1 << 30,
             description="dead letters copied by sequence with their reason",
-            **common,
+            **{**common, "max_age": dlq_age_s, "duplicate_window": dlq_age_s},
         ),
     ]
 
@@ -94,36 +102,89 @@ def kv_configs(settings: BusSettings) -> list[KeyValueConfig]:
     ]
 
 
+Action = Literal["created", "updated", "unchanged", "refused"]
+
+
 @dataclass(frozen=True)
-class InitResult:
-    created: list[str]
-    updated: list[str]
+class Outcome:
+    """What ``init`` did to one stream or bucket (``detail``: the fields changed,
+    or the server's reason for a refusal)."""
+
+    name: str
+    action: Action
+    detail: str = ""
 
 
-async def init(bus: Bus, settings: BusSettings) -> InitResult:
-    """Create what is missing, update what differs. Safe to run any number of times."""
-    created: list[str] = []
-    updated: list[str] = []
-    for config in stream_configs(settings):
-        assert config.name is not None
+async def init(bus: Bus, settings: BusSettings) -> list[Outcome]:
+    """Create what is missing, update only what differs from ``settings``, leave
+    the rest alone: safe to run any number of times, and each run says truthfully
+    what it did. A refusal is reported and the others go on."""
+    outcomes = [await _stream(bus, config) for config in stream_configs(settings)]
+    outcomes += [await _bucket(bus, kv) for kv in kv_configs(settings)]
+    by_action: dict[str, list[str]] = {}
+    for outcome in outcomes:
+        by_action.setdefault(outcome.action, []).append(outcome.name)
+    _log.info("bus_initialised", **by_action)
+    for outcome in outcomes:
+        if outcome.action == "refused":
+            _log.warning("stream_refused", stream=outcome.name, reason=outcome.detail)
+    return outcomes
+
+
+def render(outcomes: list[Outcome]) -> str:
+    width = max(len(o.name) for o in outcomes)
+    return "\n".join(
+        f"{o.name:<{width}}  {o.action}" + (f" ({o.detail})" if o.detail else "") for o in outcomes
+    )
+
+
+async def _stream(bus: Bus, want: StreamConfig) -> Outcome:
+    name = want.name or ""
+    try:
+        info = await bus.js.stream_info(name)
+    except NotFoundError:
+        return await _apply(bus, want, created=True)
+    found = changes(want=want.as_dict(), have=info.config.as_dict())
+    if not found:
+        return Outcome(name, "unchanged")
+    return await _apply(bus, want, created=False, detail="; ".join(found))
+
+
+async def _bucket(bus: Bus, kv: KeyValueConfig) -> Outcome:
+    name = f"KV_{kv.bucket}"
+    try:
+        info = await bus.js.stream_info(name)
+    except NotFoundError:
         try:
-            await bus.js.stream_info(config.name)
-        except NotFoundError:
-            await bus.js.add_stream(config)
-            created.append(config.name)
-            continue
-        try:
-            await bus.js.update_stream(config)
-        except BadRequestError as exc:
-            _log.warning("stream_update_refused", stream=config.name, error=str(exc))
-            continue
-        updated.append(config.name)
-    for kv in kv_configs(settings):
-        try:
-            await bus.js.key_value(kv.bucket)
-            updated.append(f"KV_{kv.bucket}")
-        except NotFoundError:
             await bus.js.create_key_value(kv)
-            created.append(f"KV_{kv.bucket}")
-    _log.info("bus_initialised", created=created, updated=updated)
-    return InitResult(created, updated)
+        except (BadRequestError, ServerError) as exc:
+            return Outcome(name, "refused", _why(exc))
+        return Outcome(name, "created")
+    ours: dict[str, Any] = {
+        "description": kv.description,
+        "max_msgs_per_subject": kv.history,
+        "num_replicas": kv.replicas,
+        "allow_direct": kv.direct,
+    }
+    found = changes(want=ours, have=info.config.as_dict())
+    if not found:
+        return Outcome(name, "unchanged")
+    wanted = {k: v for k, v in ours.items() if v is not None}
+    config = dataclasses.replace(info.config, **wanted)
+    return await _apply(bus, config, created=False, detail="; ".join(found))
+
+
+async def _apply(bus: Bus, config: StreamConfig, *, created: bool, detail: str = "") -> Outcome:
+    name = config.name or ""
+    try:
+        if created:
+            await bus.js.add_stream(config)
+        else:
+            await bus.js.update_stream(config)
+    except (BadRequestError, ServerError) as exc:
+        return Outcome(name, "refused", _why(exc))
+    return Outcome(name, "created" if created else "updated", detail)
+
+
+def _why(exc: BadRequestError | ServerError) -> str:
+    return str(exc.description or exc)

@@ -1,16 +1,24 @@
-"""Every long-lived coroutine starts here: named, kept, and its failure logged."""
+"""Every long-lived coroutine starts here: named, kept, and its failure logged.
+
+``supervise`` (or ``supervised`` inside a coroutine of one's own) runs a
+loop again whenever it raises, with a growing back-off, and counts each
+restart in ``hcs_task_restarts{task=<name>}``; cancellation still stops it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from hcs_bus.telemetry import logger
+from hcs_bus.telemetry import logger, meter
 
 _log = logger("hcs.tasks")
+RESTARTS = meter("hcs.tasks").create_counter(
+    "hcs_task_restarts", description="long-lived loops started again after a crash"
+)
 _running: set[asyncio.Task[Any]] = set()
 
 
@@ -29,6 +37,45 @@ def _finished(task: asyncio.Task[Any]) -> None:
     exc = task.exception()
     if exc is not None:
         _log.error("task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
+
+
+def supervise(
+    run: Callable[[], Awaitable[Any]], *, name: str, backoff_s: float = 0.5
+) -> asyncio.Task[Any]:
+    """Start ``run()`` as a named task that is started again whenever it raises."""
+    return start(supervised(run, name=name, backoff_s=backoff_s), name=name)
+
+
+async def supervised(
+    run: Callable[[], Awaitable[Any]],
+    *,
+    name: str,
+    backoff_s: float = 0.5,
+    max_backoff_s: float = 30.0,
+    on_restart: Callable[[], None] | None = None,
+) -> None:
+    """Await ``run()`` until it returns; after a crash, log it, count it, wait
+    and await a fresh ``run()``. The wait doubles with each crash in a row up
+    to ``max_backoff_s``, and starts over after a run that lasted that long."""
+    loop = asyncio.get_running_loop()
+    delay = backoff_s
+    while True:
+        began = loop.time()
+        try:
+            await run()
+            return
+        except Exception as exc:  # the point: any crash, never a cancellation
+            crashed = exc
+        if loop.time() - began >= max_backoff_s:
+            delay = backoff_s
+        RESTARTS.add(1, {"task": name})
+        if on_restart is not None:
+            on_restart()
+        _log.error(
+            "task_restarting", task=name, delay_s=delay, error=repr(crashed), exc_info=crashed
+        )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_backoff_s)
 
 
 async def stop(*tasks: asyncio.Task[Any]) -> None:

@@ -1,6 +1,8 @@
 """The one place that configures structlog and OpenTelemetry.
 
-Logs: structlog with contextvars, JSON lines (or console for humans).
+Logs: structlog with contextvars, JSON lines (or console for humans); every
+event passes ``hcs_bus.redacting.redact_event`` last, so a NATS password or
+token in a URL, an error or a traceback never reaches the output.
 Traces: an OpenTelemetry TracerProvider; W3C ``traceparent`` travels in NATS
 headers through ``hcs_bus.bus`` only. Metrics: an OpenTelemetry MeterProvider
 exported to Prometheus (``metrics_text()`` serves ``/metrics``).
@@ -25,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import REGISTRY, generate_latest, start_http_server
 
+from hcs_bus.redacting import redact_event
 from hcs_bus.settings import TelemetrySettings
 
 _configured = False
@@ -45,6 +48,7 @@ def configure(settings: TelemetrySettings, *, service: str | None = None) -> Non
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -24,7 +24,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hcs_bus import subjects, tasks
+from hcs_bus import subjects, tasks, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import (
     HcsError,
@@ -39,7 +39,7 @@ from hcs_bus.messages import HealthEvent
 from hcs_bus.telemetry import logger, meter
 from healer.bindings import Binding
 
-TAINT_KEY = "hcs.io/unhealthy"
+TAINT_KEY = vocabulary.UNHEALTHY_TAINT
 CONDITION = "HCSHealthy"
 
 _log = logger("hcs.healer.acting")

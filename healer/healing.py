@@ -14,6 +14,10 @@ our taint (and the ``HCSHealthy`` condition) found there: the node is held at
 the verdict the taint stands for (an ``ADOPTED`` pseudo-device) until its
 fingerprints have been healthy for the recovery window, then untainted.
 
+A node whose decision or action failed unexpectedly is logged
+(``reconsider_failed``) and decided again by the sweep: the verdict change
+that made it dirty is recorded and does not come again.
+
 Fatal events are judged the moment they arrive. A node's fingerprint
 telemetry is judged at most every ``telemetry_every_s`` (degradation is a
 matter of a 60 s window; 1 Hz fingerprints from 5,000 nodes would otherwise
@@ -186,6 +190,15 @@ class Healer:
             _log.info("replayed", stream=name, delivered=consumer.delivered)
         self._tasks.append(tasks.start(self._sweep(), name="healer:sweep"))
         self.ready.set()
+        _log.info(
+            "healing",
+            recovery_window_s=self.rules.recovery_window_s,
+            degraded_window_s=self.rules.degraded_window_s,
+            min_change_interval_s=self.rules.min_change_interval_s,
+            node_stale_s=self.rules.node_stale_s,
+            telemetry_every_s=self.telemetry_every_s,
+            dry_run=self.actor.dry_run,
+        )
 
     async def _stop_consuming(self) -> None:
         """Stop consuming and acting: a replica that is not leader must not go on
@@ -247,9 +260,11 @@ class Healer:
             adopted = self.histories.get(fp.node, {}).get(ADOPTED)
             if adopted is not None and adopted.verdict == "healthy":
                 del self.histories[fp.node][ADOPTED]  # recovered: nothing left to hold
-        await asyncio.gather(
+        done = await asyncio.gather(
             *(self._reconsider(n, now=now) for n in dirty), *publishing, return_exceptions=True
         )
+        for failed in (r for r in done if isinstance(r, Exception)):  # the batch goes on
+            _log.error("fingerprint_batch_failed", error=repr(failed), exc_info=failed)
 
     def _judge_fp(
         self, fp: NodeFingerprint, *, now: float
@@ -349,11 +364,28 @@ class Healer:
             failed=held if verdict == "failed" else frozenset(),
             degraded=held if verdict == "degraded" else frozenset(),
         )
-        _log.info("taint_adopted", node=node, effect=effect, value=value, verdict=verdict)
+        _log.info(
+            "taint_adopted",
+            node=node,
+            effect=effect,
+            value=value,
+            verdict=verdict,
+            held_at_least_s=max(self.rules.recovery_window_s, self.rules.min_change_interval_s),
+        )
 
     # -- deciding and acting ------------------------------------------------------
 
     async def _reconsider(self, node: str, *, now: float) -> None:
+        """Decide and act on one node. A failure is logged and the node is tried
+        again by the sweep: the verdict change that made it dirty has been
+        recorded and will not come again, so nothing else would bring it back."""
+        try:
+            await self._decide(node, now=now)
+        except Exception as exc:  # a bug must not leave the node as it is forever
+            _log.exception("reconsider_failed", node=node, error=repr(exc))
+            self._unapplied.add(node)
+
+    async def _decide(self, node: str, *, now: float) -> None:
         lock = self._locks.setdefault(node, asyncio.Lock())
         async with lock:
             seen = self.last_seen.get(node)

@@ -5,21 +5,24 @@
 touches) and answers a ``Judgement``: the verdict, its evidence, whether it
 changed, and a graded health score. No I/O, no clock: ``now`` is given.
 
-The data lives in ``healer/data/rules.yaml``:
+What one event is comes from the shared vocabulary (``hcs_bus.vocabulary``):
+the class of each health kind and the one Xid table, the same the agents stamp
+their severities from. Rules that look past one event live in
+``healer/data/rules.yaml``:
 
-* **Fatal → failed at once.** Xid codes in ``xid.fatal`` (74 NVLink, 79 fallen
-  off the bus, 94/95 ECC containment, 119/120 GSP); ``xid.pairs`` (48 double-bit
-  ECC with 63/64 row-remapping within ``pair_window_s``, either order);
-  ``xid.storms`` (92: many within a window); kinds in ``kinds.fatal``
-  (device_lost, fallen_off_bus, remap_failed, aer_fatal, …); vendor health
-  kinds at a fatal severity (``kinds.fatal_at_severity``: Ascend critical);
-  ``kinds.thresholds`` (uncorrected ECC beyond a count); in telemetry,
-  ``remap_failed`` or a volatile uncorrected ECC count ≥ ``ecc_uncorrected_fatal``;
-  a device missing from its node's fingerprint (lost).
-* **Application Xids** (``xid.application``: 13, 31, 43, 45, 68) are counted as
-  info and never isolate a device.
-* **Unknown kinds** are counted (``history.unknown``) and reported with
-  ``Judgement.unknown``; they never change a verdict.
+* **Fatal → failed at once.** Xid codes the table calls fatal (48 double-bit
+  ECC, 64 row-remap failure, 74 NVLink, 79 fallen off the bus, 94/95 ECC
+  containment, 119/120 GSP); ``xid.pairs`` (a code fatal with a partner within
+  ``pair_window_s``, either order); ``xid.storms`` (92: many within a window);
+  kinds the vocabulary calls fatal (device_lost, row_remap_failure, aer_fatal,
+  …); vendor health kinds at a fatal severity (``kinds.fatal_at_severity``:
+  Ascend critical); ``kinds.thresholds`` (uncorrected ECC beyond a count); in
+  telemetry, ``remap_failed`` or a volatile uncorrected ECC count ≥
+  ``ecc_uncorrected_fatal``; a device missing from its node's fingerprint (lost).
+* **Application Xids** (the table's info codes: 13, 31, 43, 45, 68) are counted
+  as info and never isolate a device.
+* **Unknown kinds** (none of the vocabulary's) are counted (``history.unknown``)
+  and reported with ``Judgement.unknown``; they never change a verdict.
 * **Degraded** needs a signal sustained for ``degraded_window_s``: throttling
   not explained by heat or power, corrected-ECC or PCIe-replay rates rising
   beyond a per-hour rate, achieved FP16 TFLOPS or SM clock (when busy) below
@@ -45,6 +48,7 @@ from typing import Literal
 import msgspec
 import yaml
 
+from hcs_bus import vocabulary
 from hcs_bus.errors import ConfigError
 from hcs_bus.messages import HealthEvent, Verdict
 from healer import signals
@@ -61,6 +65,8 @@ __all__ = ["Rules", "Storm", "judge", "judge_node", "load", "score"]
 
 DATA = Path(__file__).parent / "data" / "rules.yaml"
 EventClass = Literal["fatal", "application", "warning", "info", "unknown"]
+# Kinds whose ``code`` is an NVIDIA Xid.
+_XID_KINDS = (vocabulary.Kind.XID.value, vocabulary.Kind.FALLEN_OFF_BUS.value)
 
 
 class Storm(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -69,19 +75,14 @@ class Storm(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class XidRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    fatal: frozenset[int] = frozenset()
-    application: frozenset[int] = frozenset()
     pairs: dict[str, list[int]] = {}
     pair_window_s: float = 600.0
     storms: dict[str, Storm] = {}
 
 
 class KindRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    fatal: frozenset[str] = frozenset()
     fatal_at_severity: dict[str, frozenset[str]] = {}
     thresholds: dict[str, Storm] = {}
-    warning: frozenset[str] = frozenset()
-    info: frozenset[str] = frozenset()
 
 
 class TelemetryRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -180,12 +181,13 @@ def _judge_event(
 
 def classify(history: DeviceHistory, seen: SeenEvent, *, rules: Rules) -> tuple[EventClass, str]:
     """What one event means given the device's recent events."""
-    if seen.kind in ("xid", "fallen_off_bus") and seen.code is not None:
+    if seen.kind in _XID_KINDS and seen.code is not None:
         found = _classify_xid(history, seen, rules=rules)
         if found is not None:
             return found
     kinds = rules.kinds
-    if seen.kind in kinds.fatal:
+    cls = vocabulary.kind_class(seen.kind)
+    if cls == "fatal":
         return "fatal", seen.kind
     if seen.severity in kinds.fatal_at_severity.get(seen.kind, ()):
         return "fatal", f"{seen.kind} {seen.severity}"
@@ -194,11 +196,9 @@ def classify(history: DeviceHistory, seen: SeenEvent, *, rules: Rules) -> tuple[
         storm.count
     ):
         return "fatal", f"{seen.kind} x{storm.count} in {storm.window_s:g}s"
-    if seen.kind in kinds.warning:
-        return "warning", seen.kind
-    if seen.kind in kinds.info:
-        return "info", seen.kind
-    return "unknown", f"unknown kind {seen.kind!r}"
+    if cls is None:
+        return "unknown", f"unknown kind {seen.kind!r}"
+    return cls, seen.kind
 
 
 def _classify_xid(
@@ -207,9 +207,10 @@ def _classify_xid(
     code = seen.code
     assert code is not None
     xid = rules.xid
-    if code in xid.fatal:
+    table_class = vocabulary.xid_class(code)
+    if table_class == "fatal":
         return "fatal", f"xid {code}"
-    if code in xid.application:
+    if table_class == "info":
         return "application", f"xid {code} (application)"
     for first, partners in xid.pairs.items():
         pair = {int(first), *partners}
@@ -236,7 +237,7 @@ def _count(
     *,
     any_xid: bool = False,
 ) -> int:
-    kinds = ("xid", "fallen_off_bus") if any_xid else (kind,)
+    kinds = _XID_KINDS if any_xid else (kind,)
     return sum(
         1
         for e in history.events

@@ -13,7 +13,8 @@ to plan follows ``settings.failure_policy``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -22,7 +23,7 @@ from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import InjectorSettings
 from hcs_bus.telemetry import logger
-from injector import demands, guarding, mutating, plans, rebinding, reviews
+from injector import demands, fitting, guarding, mutating, plans, rebinding, reviews
 from injector.demands import Demand, PodError
 from injector.guarding import PLAN
 from injector.mutating import Context
@@ -197,13 +198,18 @@ class Admitter:
             )
         if not plan.ok:
             _log.info("plan_refused", uid=request.uid, reason=plan.reason)
-            return reviews.deny(request.uid, refusal(plan))
+            return reviews.deny(request.uid, refusal(plan, asked=demand.amounts))
         if not plan.vendor or not plan.model or plan.devices < 1:
             return self._cannot_plan(
                 request.uid,
                 "the HCS placement service sent an incomplete plan "
                 f"({plan.vendor}/{plan.model} x{plan.devices})",
             )
+        where = f"{plan.vendor}/{plan.model}"
+        too_big = fitting.refusal(demand, node_capacity=plan.node_capacity, where=where)
+        if too_big:
+            _log.info("admission_refused", uid=request.uid, error=too_big)
+            return reviews.deny(request.uid, too_big, code=422)
         return plan
 
     def _cannot_plan(self, uid: str, why: str) -> Answer:
@@ -243,8 +249,15 @@ def _privileged(pod: dict[str, Any], demand: Demand) -> str | None:
     )
 
 
-def refusal(plan: Plan) -> str:
-    parts = [f"no accelerator class can take this pod: {plan.reason or 'refused'}"]
+def refusal(plan: Plan, *, asked: Mapping[str, Decimal] | None = None) -> str:
+    """Why no class takes the pod, naming what it asked for (node units: VRAM in bytes)."""
+    what = ", ".join(f"{key}={amount}" for key, amount in sorted((asked or {}).items()))
+    head = (
+        f"no accelerator class can take this pod ({what})"
+        if what
+        else "no accelerator class can take this pod"
+    )
+    parts = [f"{head}: {plan.reason or 'refused'}"]
     if not plan.quota.ok and plan.quota.reason:
         parts.append(f"quota: {plan.quota.reason}")
     shown = [f"{r.vendor}/{r.model}: {r.reason}" for r in plan.rejected[:_MAX_REJECTIONS]]

@@ -12,23 +12,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-PREFIX: Final = "hcs.io/"
+from hcs_bus import vocabulary
+
+PREFIX: Final = vocabulary.PREFIX
 USER_ANNOTATIONS: Final = frozenset(
     {
-        "hcs.io/vendors",
-        "hcs.io/models",
-        "hcs.io/substitution",
-        "hcs.io/job",
-        "hcs.io/topology",
-        "hcs.io/rebind",
-        "hcs.io/engine",
-        "hcs.io/framework",
-        "hcs.io/code-path",
+        vocabulary.VENDORS,
+        vocabulary.MODELS,
+        vocabulary.SUBSTITUTION,
+        vocabulary.JOB,
+        vocabulary.TOPOLOGY,
+        vocabulary.REBIND,
+        vocabulary.ENGINE,
+        vocabulary.FRAMEWORK,
+        vocabulary.CODE_PATH,
     }
 )
-USER_PREFIXES: Final = ("hcs.io/engine-",)
-PLAN: Final = "hcs.io/plan"
-PLAN_SIG: Final = "hcs.io/plan-sig"
+USER_PREFIXES: Final = (vocabulary.ENGINE_PARAM_PREFIX,)
+PLAN: Final = vocabulary.PLAN
+PLAN_SIG: Final = vocabulary.PLAN_SIG
 
 
 def is_reserved(key: str) -> bool:

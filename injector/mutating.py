@@ -8,7 +8,8 @@ Patched: the plan annotations; a required node affinity to the planned class,
 ANDed into every existing nodeSelectorTerm; schedulerName; runtimeClassName;
 per container that asks for ``ai.compute/*``: device/quota/collective env from
 ``hcs.io/*`` annotations (downward API), static vendor env, LD_LIBRARY_PATH
-and LD_PRELOAD appended to the user's, driver and interceptor mounts; and the
+and LD_PRELOAD appended to the user's, driver and interceptor mounts, the
+vendor's device nodes where its profile delivers them by hostPath; and the
 opt-in rebinding (image, code copy init container, engine command).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from hcs_bus import vocabulary
 from injector import rebinding
 from injector.demands import ContainerRef, Demand, PodError, containers
 from injector.patches import Patch, escape, pointer
@@ -24,9 +26,9 @@ from injector.plans import PlanNote
 from injector.rebinding import Choice, Rebinding, Rebound
 from injector.runtimes import Interceptor, Runtimes, VendorRuntime
 
-VENDOR_LABEL = "hcs.io/vendor"
-MODEL_LABEL = "hcs.io/model"
-DEVICES_ANNOTATION = "hcs.io/devices"
+VENDOR_LABEL = vocabulary.VENDOR_LABEL
+MODEL_LABEL = vocabulary.MODEL_LABEL
+DEVICES_ANNOTATION = vocabulary.DEVICES
 INTERCEPTOR_VOLUME = "hcs-interceptor"
 SHM_VOLUME = "hcs-shm"
 MERGED = ("LD_LIBRARY_PATH", "LD_PRELOAD")
@@ -170,6 +172,10 @@ def _volumes(runtime: VendorRuntime, ctx: Context) -> list[dict[str, Any]]:
     volumes = [
         {"name": m.name, "hostPath": {"path": m.host_path, "type": m.type}} for m in runtime.mounts
     ]
+    volumes += [
+        {"name": n.name, "hostPath": {"path": n.path, "type": n.type}}
+        for n in runtime.devices.nodes
+    ]
     volumes.append(
         {
             "name": INTERCEPTOR_VOLUME,
@@ -202,6 +208,9 @@ def _same_source(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 def _mounts(runtime: VendorRuntime, interceptor: Interceptor) -> list[dict[str, Any]]:
     mounts = [{"name": m.name, "mountPath": m.mount_path, "readOnly": True} for m in runtime.mounts]
+    # device nodes: opened read-write (a read-only bind does not stop that, but
+    # says the wrong thing); the device cgroup decides access
+    mounts += [{"name": n.name, "mountPath": n.path} for n in runtime.devices.nodes]
     mounts.append(
         {"name": INTERCEPTOR_VOLUME, "mountPath": interceptor.mount_path, "readOnly": True}
     )

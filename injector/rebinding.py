@@ -16,15 +16,16 @@ from typing import Any, NamedTuple
 import msgspec
 import yaml
 
+from hcs_bus import vocabulary
 from hcs_bus.errors import ConfigError
 from injector.demands import ContainerRef, PodError, split_list
 
 DATA = Path(__file__).with_name("data")
-REBIND = "hcs.io/rebind"
-ENGINE = "hcs.io/engine"
-FRAMEWORK = "hcs.io/framework"
-CODE_PATH = "hcs.io/code-path"
-ENGINE_PARAM = "hcs.io/engine-"
+REBIND = vocabulary.REBIND
+ENGINE = vocabulary.ENGINE
+FRAMEWORK = vocabulary.FRAMEWORK
+CODE_PATH = vocabulary.CODE_PATH
+ENGINE_PARAM = vocabulary.ENGINE_PARAM_PREFIX
 REBIND_VALUES = ("runtime",)
 BUILTIN_PARAMS = ("devices",)
 _PARAM = re.compile(r"^[a-z][a-z0-9-]*$")

@@ -1,8 +1,20 @@
 """Vendor runtime profiles (``injector/data/runtimes.yaml``), decoded strictly.
 
 What the injector puts into a pod for each vendor: RuntimeClass, the env names
-that carry the visible devices, driver hostPath mounts, library paths, static
-env and env taken from reserved ``hcs.io/*`` annotations (downward API).
+that carry the visible devices, how the device nodes get into the container
+(``devices``), driver hostPath mounts, library paths, static env and env taken
+from reserved ``hcs.io/*`` annotations (downward API).
+
+``devices.via``:
+
+- ``runtime``: the RuntimeClass's container runtime reads the visible-devices
+  env (its value resolved from ``hcs.io/devices`` when the container starts,
+  after bind) and adds those device nodes and their device-cgroup rules, as
+  nvidia-container-runtime and Ascend Docker Runtime do;
+- ``host-path``: every device node of the vendor (``nodes``) is mounted from
+  the host into each asking container and the visible-devices env narrows the
+  vendor library to the bound devices. The device cgroup must admit those
+  nodes: that is the node's runtime handler's job (named by ``runtime_class``).
 """
 
 from __future__ import annotations
@@ -23,6 +35,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 HostPathType = Literal["Directory", "File", "DirectoryOrCreate", "FileOrCreate", ""]
+DeviceVia = Literal["runtime", "host-path"]
+DeviceNodeType = Literal["CharDevice", "Directory"]
 
 
 class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -36,8 +50,22 @@ class Mount(_Strict, frozen=True):
     type: HostPathType = "Directory"
 
 
+class DeviceNode(_Strict, frozen=True):
+    """A host device node (or a folder of them, ``/dev/dri``) mounted at its own path."""
+
+    name: str
+    path: str
+    type: DeviceNodeType = "CharDevice"
+
+
+class Devices(_Strict, frozen=True):
+    via: DeviceVia
+    nodes: tuple[DeviceNode, ...] = ()
+
+
 class VendorRuntime(_Strict, frozen=True):
     visible_devices_env: tuple[str, ...]
+    devices: Devices
     runtime_class: str | None = None
     library_paths: tuple[str, ...] = ()
     mounts: tuple[Mount, ...] = ()
@@ -111,8 +139,26 @@ def _check(runtimes: Runtimes, *, origin: str) -> None:
                 problems.append(f"{where}.mounts: name {mount.name!r} must be a DNS label hcs-…")
             if not (mount.host_path.startswith("/") and mount.mount_path.startswith("/")):
                 problems.append(f"{where}.mounts.{mount.name}: paths must be absolute")
+        _check_devices(profile, where=f"{where}.devices", problems=problems)
     if problems:
         raise ConfigError(f"{origin}: " + "; ".join(problems))
+
+
+def _check_devices(profile: VendorRuntime, *, where: str, problems: list[str]) -> None:
+    devices = profile.devices
+    if devices.via == "runtime":
+        if not profile.runtime_class:
+            problems.append(f"{where}: via runtime needs the runtime_class whose runtime adds them")
+        if devices.nodes:
+            problems.append(f"{where}: via runtime takes no nodes (the runtime adds them)")
+        return
+    if not devices.nodes:
+        problems.append(f"{where}: via host-path needs the device nodes to mount")
+    for node in devices.nodes:
+        if not (_DNS_LABEL.match(node.name) and node.name.startswith("hcs-")):
+            problems.append(f"{where}.nodes: name {node.name!r} must be a DNS label hcs-…")
+        if not node.path.startswith("/dev/"):
+            problems.append(f"{where}.nodes.{node.name}: {node.path!r} is not under /dev/")
 
 
 def _check_env(mapping: dict[str, str], where: str, problems: list[str]) -> None:

@@ -8,9 +8,14 @@ document itself (plus the view's fingerprint for the devices), never on the
 possibly lagging view.
 
 Bind: reserve (``reserved``) → POST the Binding with the ``hcs.io/*``
-annotations → mark ``bound`` → publish ``AllocationEvent bound``. A failed
-Binding releases the reservation; one left ``reserved`` by a crash expires
-after ``reserve_ttl_s`` (``AllocationEvent expired``).
+annotations (devices, VRAM quota, resume point, collective-library flags)
+→ mark ``bound`` (restoring the reservation if it vanished meanwhile) →
+publish ``AllocationEvent bound``. A failed Binding releases the reservation.
+One left ``reserved`` longer than ``reserve_ttl_s`` is checked against its
+pod first: bound to that node → marked ``bound`` (a crash between the
+Binding and the mark); gone or not bound there → ``AllocationEvent
+expired``; the pod unreadable → kept until the next round. A reservation
+whose pod is bound is never expired.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from nats.js.kv import KeyValue
 
 from hcs_bus import messages, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
+from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError, KubeNotFound
 from hcs_bus.messages import (
     AllocationEvent,
     AllocState,
@@ -39,14 +44,19 @@ from hcs_bus.messages import (
     Reservation,
 )
 from hcs_bus.telemetry import logger, meter
-from scheduler import pods
+from scheduler import ledger, pods
+from scheduler.collectives import collective_annotations
 from scheduler.placing import Demand, check_node, choose_devices
-from scheduler.state import ClusterState, booked
+from scheduler.state import ClusterState, NodeView, booked
 
 _log = logger("hcs.scheduler.booking")
 _meter = meter("hcs.scheduler")
 BINDS = _meter.create_counter("hcs_scheduler_binds", description="bind outcomes")
 CONFLICTS = _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
+OVERCOMMITS = _meter.create_counter(
+    "hcs_scheduler_overcommitted_devices",
+    description="devices found holding more than they have (the ledger cannot undo it)",
+)
 MAX_ATTEMPTS = 50
 _DOC = messages.decoder_for(NodeReservations)
 _CKPT = messages.decoder_for(CheckpointEvent)
@@ -63,6 +73,14 @@ class Kube(Protocol):
 
     def watch_pods(
         self, *, field_selector: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
+    def watch_nodes(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        synced: asyncio.Event | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
 
     async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]: ...
@@ -82,15 +100,28 @@ class Doc(msgspec.Struct, frozen=True):
 
 
 def device_annotations(
-    *, vendor: str, slices: tuple[DeviceSlice, ...], resume_from: str | None
+    *,
+    vendor: str,
+    slices: tuple[DeviceSlice, ...],
+    resume_from: str | None,
+    node: NodeView | None = None,
 ) -> dict[str, str]:
     """The ``hcs.io/*`` annotations the Binding carries. NVIDIA's runtime takes
-    UUIDs (stable across reboots); the other vendors' runtimes take indices."""
+    UUIDs (stable across reboots); the other vendors' runtimes take indices.
+    With the node's view, also the collective-library flags that fit the
+    chosen devices' links and the node's labels (``scheduler.collectives``)."""
     ids = [s.uuid if vendor == "nvidia" and s.uuid else str(s.index) for s in slices]
     quota = ",".join(f"{i}:{s.vram_mib}Mi" for i, s in enumerate(slices))
     out = {pods.DEVICES_ANNOTATION: ",".join(ids), pods.VRAM_QUOTA_ANNOTATION: quota}
     if resume_from:
         out[pods.RESUME_ANNOTATION] = resume_from
+    if node is not None:
+        out |= collective_annotations(
+            vendor=vendor,
+            chosen=[s.index for s in slices],
+            devices={i: d.fp for i, d in node.devices.items()},
+            labels=node.labels,
+        )
     return out
 
 
@@ -99,12 +130,7 @@ def expired(doc: NodeReservations, *, now: float, ttl_s: float) -> list[Reservat
     return [r for r in doc.reservations if r.state == "reserved" and now - r.time_s > ttl_s]
 
 
-def _same_pod(a: PodRef, b: PodRef) -> bool:
-    return (
-        a.namespace == b.namespace
-        and a.name == b.name
-        and (not a.uid or not b.uid or a.uid == b.uid)
-    )
+_same_pod = ledger.same_pod
 
 
 class Booker:
@@ -174,10 +200,10 @@ class Booker:
             BINDS.add(1, {"outcome": "binding_failed"})
             return note
         try:
-            await self._mark_bound(pod.ref, node=node)
-        except HcsError as exc:  # the pod is bound; expiry must not take it back
+            await self._mark_bound(pod.ref, node=node, reservation=reservation)
+        except HcsError as exc:  # the pod is bound; expiry checks the pod before it frees
             _log.error("mark_bound_failed", pod=pod.ref.name, node=node, error=str(exc))
-        await self._announce(node, reservation, state="bound", reason=note, annotations=annotations)
+        await self.announce(node, reservation, state="bound", reason=note, annotations=annotations)
         BINDS.add(1, {"outcome": "bound"})
         return ""
 
@@ -236,7 +262,10 @@ class Booker:
         """Post the Binding; returns a note ("" when posted) and the annotations."""
         resume = await self._resume_from(pod)
         annotations = device_annotations(
-            vendor=vendor, slices=reservation.devices, resume_from=resume
+            vendor=vendor,
+            slices=reservation.devices,
+            resume_from=resume,
+            node=self.state.nodes.get(node),
         )
         if self.kube is None:
             _log.info("no_cluster_binding_not_posted", pod=pod.ref.name, node=node)
@@ -273,11 +302,45 @@ class Booker:
             _log.warning("bad_checkpoint_doc", job=pod.job, error=str(exc))
             return None
 
-    async def _mark_bound(self, ref: PodRef, *, node: str) -> None:
-        def mark(r: Reservation) -> Reservation | None:
-            return msgspec.structs.replace(r, state="bound") if _same_pod(r.pod, ref) else r
+    async def _mark_bound(self, ref: PodRef, *, node: str, reservation: Reservation) -> None:
+        """The pod is bound: its reservation turns ``bound``, or comes back if
+        expiry or a release took it while the Binding was on its way."""
+        await self.hold_bound(reservation, node=node, reason="bound")
 
-        await self._edit(node, mark)
+    async def hold_bound(self, reservation: Reservation, *, node: str, reason: str) -> bool:
+        """CAS the pod of ``reservation`` into ``node``'s document as ``bound``:
+        a ``reserved`` one is marked, a missing one added (the pod holds those
+        devices whatever the ledger says). True when the document changed; an
+        over-commit that an addition reveals is logged and counted."""
+        for attempt in range(MAX_ATTEMPTS):
+            held = await self.read(node)
+            doc = ledger.with_bound(held.doc, reservation, node=node)
+            if doc is None:
+                return False
+            try:
+                await self.write(node, doc, revision=held.revision)
+            except CasConflict:
+                await _backoff(attempt)
+                continue
+            added = ledger.holding(held.doc, reservation.pod) is None
+            if added:
+                _log.warning(
+                    "reservation_restored", node=node, pod=pods_key(reservation.pod), reason=reason
+                )
+                self.report_overcommit(node, doc)
+            return True
+        raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
+
+    def report_overcommit(self, node: str, doc: NodeReservations) -> list[ledger.Overcommit]:
+        """Log and count every over-committed device of ``doc`` (the ledger
+        cannot undo one: a pod must go)."""
+        view = self.state.nodes.get(node)
+        totals = {i: d.fp.vram_total_mib for i, d in view.devices.items()} if view else {}
+        found = ledger.overcommitted(node, ledger.ledger_slices(doc), totals)
+        for o in found:
+            OVERCOMMITS.add(1, {"node": node})
+            _log.error("device_overcommitted", node=node, device=o.index, detail=o.detail())
+        return found
 
     # -- release / expiry -------------------------------------------------
     async def release(
@@ -300,10 +363,12 @@ class Booker:
         await self._edit(node, drop)
         if not gone:
             return None
-        return await self._announce(node, gone[-1], state=state, reason=reason)
+        return await self.announce(node, gone[-1], state=state, reason=reason)
 
     async def expire(self, *, ttl_s: float) -> int:
-        """Expire reservations left ``reserved`` longer than ``ttl_s``."""
+        """Expire reservations left ``reserved`` longer than ``ttl_s`` whose pod
+        is not bound to their node; one whose pod is turns ``bound`` (the
+        Binding was posted, the mark was lost: a crash, a lost write)."""
         now = self.clock()
         count = 0
         for name in list(self.state.nodes):
@@ -311,12 +376,30 @@ class Booker:
             if doc is None:
                 continue
             for stuck in expired(doc, now=now, ttl_s=ttl_s):
-                _log.warning("reservation_expired", node=name, pod=stuck.pod.name, ttl_s=ttl_s)
-                if await self.release(
-                    stuck.pod, reason=f"reserved > {ttl_s}s", state="expired", node=name
-                ):
+                if await self._expire_one(stuck, node=name, ttl_s=ttl_s):
                     count += 1
         return count
+
+    async def _expire_one(self, stuck: Reservation, *, node: str, ttl_s: float) -> bool:
+        pod: dict[str, Any] | None = None
+        if self.kube is not None:
+            try:
+                pod = await self.kube.get_pod(stuck.pod.namespace, stuck.pod.name)
+            except KubeNotFound:
+                pod = None
+            except HcsError as exc:  # cannot tell: keep the devices, ask again next round
+                _log.warning("expiry_pod_unreadable", node=node, pod=stuck.pod.name, error=str(exc))
+                return False
+        if pod is not None and ledger.expiry_verdict(stuck, pod, node=node) == "bound":
+            _log.warning("reserved_pod_found_bound", node=node, pod=pods_key(stuck.pod))
+            if await self.hold_bound(stuck, node=node, reason="pod found bound at expiry"):
+                await self.announce(node, stuck, state="bound", reason="pod found bound at expiry")
+            return False
+        _log.warning("reservation_expired", node=node, pod=stuck.pod.name, ttl_s=ttl_s)
+        event = await self.release(
+            stuck.pod, reason=f"reserved > {ttl_s}s", state="expired", node=node
+        )
+        return event is not None
 
     async def _edit(self, node: str, change: Callable[[Reservation], Reservation | None]) -> None:
         for attempt in range(MAX_ATTEMPTS):
@@ -336,7 +419,7 @@ class Booker:
                 continue
         raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
 
-    async def _announce(
+    async def announce(
         self,
         node: str,
         r: Reservation,

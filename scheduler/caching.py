@@ -1,11 +1,21 @@
 """Per-demand caches of filter and score answers, so a filter or prioritize
 over 5,000 names is set and dict look-ups, not 5,000 placement decisions.
-A node's entries are dropped the moment the view changes that node. Pure."""
+A node's entries are dropped the moment the view changes that node. Pure.
+
+Everything here is bounded whatever kube-scheduler (or anyone on the port)
+sends: only nodes the view knows are remembered (an unknown name gets one
+shared answer per demand, never an entry), at most ``max_demands`` demand
+caches (least recently used go first) and ``max_entries`` node entries across
+them all; past that, answers are computed and not kept. ``PodMemo`` keeps
+the pods filtered here for bind, bounded in pods and in bytes.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import msgspec
 
 from scheduler import extenders as wire
 from scheduler import placing
@@ -13,6 +23,9 @@ from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.state import ClusterState
 
 MAX_DEMANDS = 64
+MAX_ENTRIES = 100_000  # ≈ 10k nodes × 10 demands; a few hundred bytes each
+MAX_PODS = 10_000
+MAX_POD_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,79 +35,115 @@ class Entry:
     score: int = 0  # for single devices without a job: topology and affinity are moot
 
 
+@dataclass(slots=True)
+class Budget:
+    """Node entries held by all demand caches of one replica, and the most allowed."""
+
+    limit: int
+    used: int = 0
+
+
 class DemandCache:
-    """Fit, reasons and pre-encoded scores of every node seen, for one demand."""
+    """Fit, reasons and pre-encoded scores of every known node seen, for one demand."""
 
     def __init__(
-        self, demand: PlanAnnotation, *, state: ClusterState, weights: placing.Weights
+        self,
+        demand: PlanAnnotation,
+        *,
+        state: ClusterState,
+        weights: placing.Weights,
+        budget: Budget | None = None,
     ) -> None:
         self.demand, self.state, self.weights = demand, state, weights
+        self.budget = budget if budget is not None else Budget(limit=MAX_ENTRIES)
         self.entries: dict[str, Entry] = {}
         self.ok: set[str] = set()
-        self.failed: dict[str, str] = {}
-        self.unresolvable: dict[str, str] = {}
         self.fragments: dict[str, bytes] = {}
+        self.retired = False  # evicted: answers are still given, never kept
+        self._unknown = Entry(placing.check_node(None, demand), None)
 
     def drop(self, name: str) -> None:
         if self.entries.pop(name, None) is not None:
             self.ok.discard(name)
-            self.failed.pop(name, None)
-            self.unresolvable.pop(name, None)
             self.fragments.pop(name, None)
+            self.budget.used -= 1
 
-    def fill(self, names: list[str]) -> None:
-        entries = self.entries
-        for name in [n for n in names if n not in entries]:
-            self.entry(name)
+    def retire(self) -> None:
+        self.retired = True
+        self.budget.used -= len(self.entries)
+        self.entries, self.ok, self.fragments = {}, set(), {}
 
     def entry(self, name: str) -> Entry:
         found = self.entries.get(name)
         if found is not None:
             return found
         node = self.state.nodes.get(name)
+        if node is None:  # any string may arrive here: nothing is kept for it
+            return self._unknown
         fit = placing.check_node(node, self.demand)
-        parts = placing.components(node, fit, self.demand) if fit.ok and node else None
+        parts = placing.components(node, fit, self.demand) if fit.ok else None
         score = 0
         if parts is not None:
             score = placing.node_score(parts, weights=self.weights, best_gbps=0.0, job_groups=None)
-            self.ok.add(name)
-        elif fit.unresolvable:
-            self.unresolvable[name] = fit.reason
-        else:
-            self.failed[name] = fit.reason
-        self.fragments[name] = wire.ENCODER.encode(wire.HostPriority(host=name, score=score))
-        found = self.entries[name] = Entry(fit, parts, score)
+        found = Entry(fit, parts, score)
+        if not self.retired and self.budget.used < self.budget.limit:
+            self.entries[name] = found
+            self.budget.used += 1
+            if parts is not None:
+                self.ok.add(name)
+            self.fragments[name] = _fragment(name, score)
         return found
 
     def filter(self, names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """The names that fit, and the reasons of those that do not (preemption
+        may help the first dict, never the second)."""
         ok = self.ok
         passed = [n for n in names if n in ok]
         if len(passed) == len(names):  # the common answer: one pass
             return passed, {}, {}
-        self.fill(names)
-        failed, unres = self.failed, self.unresolvable
-        passed = [n for n in names if n in ok]
-        out_failed = {n: failed[n] for n in names if n in failed} if failed else {}
-        out_unres = {n: unres[n] for n in names if n in unres} if unres else {}
-        return passed, out_failed, out_unres
+        passed, failed, unresolvable = [], {}, {}
+        for name in names:
+            found = self.entry(name)
+            if found.parts is not None:
+                passed.append(name)
+            elif found.fit.unresolvable:
+                unresolvable[name] = found.fit.reason
+            else:
+                failed[name] = found.fit.reason
+        return passed, failed, unresolvable
+
+    def plain_fragments(self, names: list[str]) -> list[bytes]:
+        """The HostPriority JSON of each name when topology and affinity do not matter."""
+        fragments = self.fragments
+        out = []
+        for name in names:
+            found = fragments.get(name)
+            if found is None:
+                score = self.entry(name).score  # keeps the fragment when it keeps the entry
+                found = self.fragments.get(name) or _fragment(name, score)
+            out.append(found)
+        return out
 
     def plain_scores(self, names: list[str]) -> bytes:
         """The HostPriorityList JSON when topology and affinity do not matter."""
-        fragments = self.fragments
-        try:
-            return b"[" + b",".join([fragments[n] for n in names]) + b"]"
-        except KeyError:
-            self.fill(names)
-        return b"[" + b",".join([fragments[n] for n in names]) + b"]"
+        return b"[" + b",".join(self.plain_fragments(names)) + b"]"
 
-    def scores(self, names: list[str], *, job_groups: set[str] | None) -> list[wire.HostPriority]:
-        parts = [self.entry(n).parts for n in names]
-        best = max((p.topology_gbps for p in parts if p is not None), default=0.0)
+    def parts_of(self, names: list[str]) -> list[placing.Components | None]:
+        return [self.entry(n).parts for n in names]
+
+    def scored(
+        self,
+        names: list[str],
+        parts: list[placing.Components | None],
+        *,
+        best_gbps: float,
+        job_groups: set[str] | None,
+    ) -> list[wire.HostPriority]:
         return [
             wire.HostPriority(
                 host=name,
                 score=placing.node_score(
-                    p, weights=self.weights, best_gbps=best, job_groups=job_groups
+                    p, weights=self.weights, best_gbps=best_gbps, job_groups=job_groups
                 )
                 if p is not None
                 else 0,
@@ -102,21 +151,48 @@ class DemandCache:
             for name, p in zip(names, parts, strict=True)
         ]
 
+    def scores(self, names: list[str], *, job_groups: set[str] | None) -> list[wire.HostPriority]:
+        parts = self.parts_of(names)
+        return self.scored(names, parts, best_gbps=best_gbps(parts), job_groups=job_groups)
+
+
+def best_gbps(parts: list[placing.Components | None]) -> float:
+    return max((p.topology_gbps for p in parts if p is not None), default=0.0)
+
+
+def _fragment(name: str, score: int) -> bytes:
+    return wire.ENCODER.encode(wire.HostPriority(host=name, score=score))
+
 
 class NodeCache:
     """The demand caches of one replica plus the job → nodes index."""
 
-    def __init__(self, state: ClusterState, *, weights: placing.Weights) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        weights: placing.Weights,
+        max_demands: int = MAX_DEMANDS,
+        max_entries: int = MAX_ENTRIES,
+    ) -> None:
         self.state = state
         self.weights = weights
+        self.max_demands = max_demands
+        self.budget = Budget(limit=max_entries)
         self._by_demand: OrderedDict[PlanAnnotation, DemandCache] = OrderedDict()
         self.jobs: dict[str, set[str]] = {}  # "ns/job" → nodes holding it
+
+    @property
+    def demands(self) -> int:
+        return len(self._by_demand)
 
     def changed(self, node: str) -> None:
         for cache in self._by_demand.values():
             cache.drop(node)
-        for nodes in self.jobs.values():
-            nodes.discard(node)
+        for key in [k for k, nodes in self.jobs.items() if node in nodes]:
+            self.jobs[key].discard(node)
+            if not self.jobs[key]:
+                del self.jobs[key]
         view = self.state.nodes.get(node)
         if view is not None:
             for r in view.reservations.values():
@@ -125,11 +201,16 @@ class NodeCache:
 
     def of(self, demand: PlanAnnotation) -> DemandCache:
         found = self._by_demand.get(demand)
-        if found is None:
-            found = DemandCache(demand, state=self.state, weights=self.weights)
-            self._by_demand[demand] = found
-            if len(self._by_demand) > MAX_DEMANDS:
-                self._by_demand.popitem(last=False)
+        if found is not None:
+            self._by_demand.move_to_end(demand)
+            return found
+        while self._by_demand and (
+            len(self._by_demand) >= self.max_demands or self.budget.used >= self.budget.limit
+        ):
+            _, old = self._by_demand.popitem(last=False)
+            old.retire()
+        found = DemandCache(demand, state=self.state, weights=self.weights, budget=self.budget)
+        self._by_demand[demand] = found
         return found
 
     def job_groups(self, pod: PodInfo) -> set[str] | None:
@@ -142,3 +223,42 @@ class NodeCache:
             if group:
                 groups.add(group)
         return groups or None
+
+
+_POD_ENCODER = msgspec.msgpack.Encoder()
+
+
+class PodMemo:
+    """The pods filtered here, by UID, for their bind: least recently filtered
+    go first past ``max_pods`` or ``max_bytes`` (their encoded size); a pod
+    bigger than a 64th of the bytes is not kept (bind reads it from the API)."""
+
+    def __init__(self, *, max_pods: int = MAX_PODS, max_bytes: int = MAX_POD_BYTES) -> None:
+        self.max_pods, self.max_bytes = max_pods, max_bytes
+        self.bytes = 0
+        self._pods: OrderedDict[str, tuple[PodInfo, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def put(self, uid: str, pod: PodInfo) -> None:
+        self.pop(uid)
+        size = len(uid) + len(_POD_ENCODER.encode(pod))
+        if size > self.max_bytes // 64:
+            return
+        self._pods[uid] = (pod, size)
+        self.bytes += size
+        while len(self._pods) > self.max_pods or self.bytes > self.max_bytes:
+            _, (_, dropped) = self._pods.popitem(last=False)
+            self.bytes -= dropped
+
+    def get(self, uid: str) -> PodInfo | None:
+        found = self._pods.get(uid)
+        return found[0] if found is not None else None
+
+    def pop(self, uid: str) -> PodInfo | None:
+        found = self._pods.pop(uid, None)
+        if found is None:
+            return None
+        self.bytes -= found[1]
+        return found[0]

@@ -4,35 +4,56 @@
 after the view's replay), ``/metrics``.
 
 Malformed arguments get HTTP 400 with the reason; a pod HCS cannot serve gets
-an answer that says why (``Error`` or per-node reasons), never a 500.
+an answer that says why, never a 500. A pod no node could ever hold (it
+cannot be read, its plan is refused, it needs more devices than any node
+has, its class is absent) gets ``FailedAndUnresolvableNodes`` with the
+reason per node; one that could fit after preemption gets ``FailedNodes``;
+``Error`` is kept for HCS's own trouble (view not replayed, internal failure).
 Per-node fit and score parts are cached per demand and dropped for a node the
 moment the view changes it, so a filter over 5,000 names is dict look-ups.
+
+Hostile input: the caches are bounded (``scheduler.caching``); bodies over
+``max_body_bytes`` get 413 with the limit; undecodable ones 400; name lists
+and victim maps are walked in chunks of ``CHUNK`` that yield to the event loop,
+so plan requests and other calls keep being answered during a 500k-name
+filter. A quantity no pod could ask for (``1e400``, ``nan``, an exponent past
+any number) is the pod's fault, not the envelope's: kube-scheduler wants
+HTTP 200 for that (DESIGN §6), so filter answers ``FailedAndUnresolvableNodes``
+naming the resource, prioritize scores 0, preempt proposes nothing and bind
+answers ``Error`` with the reason.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
+from hcs_bus import units
 from hcs_bus.telemetry import logger, meter, metrics_text
+from scheduler import caching, placing
 from scheduler import extenders as wire
-from scheduler import placing
 from scheduler.booking import Booker, Kube
-from scheduler.caching import NodeCache
-from scheduler.pods import BadPod, PlanAnnotation, PodInfo, pod_info, pod_info_from_dict
+from scheduler.caching import NodeCache, PodMemo
+from scheduler.pods import (
+    BadPod,
+    PlanAnnotation,
+    PodInfo,
+    PodObject,
+    pod_info,
+    pod_info_from_dict,
+)
 from scheduler.serving import Planner
 from scheduler.viewing import ClusterView
 
 _log = logger("hcs.scheduler.extender")
 _meter = meter("hcs.scheduler")
 CALLS = _meter.create_counter("hcs_extender_calls", description="extender calls by verb")
-MAX_BODY = 64 * 1024 * 1024
-_POD_CACHE = 10_000
-_DEMAND_CACHES = 64
+MAX_BODY = 32 * 1024 * 1024  # nodeCacheCapable: 5,000 names are ~150 KiB
+CHUNK = 4096  # names handled between two yields to the event loop
 
 
 class Extender:
@@ -48,26 +69,37 @@ class Extender:
         self.view, self.planner, self.booker, self.kube = view, planner, booker, kube
         self.weights = weights
         self.cache = NodeCache(view.state, weights=weights)
-        self.pods: OrderedDict[str, PodInfo] = OrderedDict()
+        self.pods = PodMemo()
         view.listeners.append(self.cache.changed)
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY)
-        app.router.add_post("/filter", self._guard("filter", self.filter))
-        app.router.add_post("/prioritize", self._guard("prioritize", self.prioritize))
-        app.router.add_post("/bind", self._guard("bind", self.bind))
-        app.router.add_post("/preempt", self._guard("preempt", self.preempt))
+    def app(self, *, max_body_bytes: int = MAX_BODY) -> web.Application:
+        app = web.Application(client_max_size=max_body_bytes)
+        for verb, handler in [
+            ("filter", self.filter),
+            ("prioritize", self.prioritize),
+            ("bind", self.bind),
+            ("preempt", self.preempt),
+        ]:
+            app.router.add_post(f"/{verb}", self._guard(verb, handler, limit=max_body_bytes))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
         return app
 
     def _guard(
-        self, verb: str, handler: Callable[[bytes], Awaitable[Any]]
+        self, verb: str, handler: Callable[[bytes], Awaitable[Any]], *, limit: int
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             CALLS.add(1, {"verb": verb})
-            body = await request.read()
+            size = request.content_length
+            try:
+                if size is not None and size > limit:
+                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                _log.warning("extender_body_too_large", verb=verb, size=size, limit=limit)
+                text = f"hcs: {verb} body is over the limit of {limit} bytes"
+                return web.Response(status=413, text=text)
             try:
                 answer = await handler(body)
             except msgspec.MsgspecError as exc:
@@ -85,10 +117,7 @@ class Extender:
     # -- pods -------------------------------------------------------------
     def _remember(self, pod: PodInfo) -> None:
         if pod.ref.uid:
-            self.pods[pod.ref.uid] = pod
-            self.pods.move_to_end(pod.ref.uid)
-            if len(self.pods) > _POD_CACHE:
-                self.pods.popitem(last=False)
+            self.pods.put(pod.ref.uid, pod)
 
     async def _demand(self, pod: PodInfo) -> PlanAnnotation | str:
         if not self.view.ready.is_set():
@@ -97,24 +126,54 @@ class Extender:
 
     # -- verbs ------------------------------------------------------------
     async def filter(self, body: bytes) -> wire.ExtenderFilterResult:
-        args = wire.FILTER_ARGS.decode(body)
-        names = wire.node_names(args)
+        args = wire.decode(wire.FILTER_ARGS, body)
+        names = await _node_names(args)
         try:
-            pod = pod_info(args.pod)
-        except BadPod as exc:
-            return wire.ExtenderFilterResult(error=str(exc))
+            pod = read_pod(args.pod)
+        except BadPod as exc:  # no node will ever hold a pod HCS cannot read
+            return self._filtered(args, names, [], {}, nowhere(names, f"hcs: {exc}"))
         if not pod.wants_devices:
             return wire.ExtenderFilterResult(nodes=args.nodes, node_names=args.node_names)
         self._remember(pod)
-        demand = await self._demand(pod)
-        if isinstance(demand, str):
-            return wire.ExtenderFilterResult(error=demand)
-        passed, failed, unresolvable = self.cache.of(demand).filter(names)
-        return self._filtered(args, passed, failed, unresolvable)
+        if not self.view.ready.is_set():  # ours, not the pod's: kube-scheduler retries
+            return wire.ExtenderFilterResult(error="hcs: cluster view not replayed yet")
+        demand = await self.planner.demand(pod)
+        if isinstance(demand, str):  # a planning refusal: neither capacity nor preemption helps
+            return self._filtered(args, names, [], {}, nowhere(names, demand))
+        cache = self.cache.of(demand)
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        async for part in _chunks(names):
+            ok, no, never = cache.filter(part)
+            passed += ok
+            failed.update(no)
+            unresolvable.update(never)
+        passed = self._keep_job_together(pod, passed, failed)
+        return self._filtered(args, names, passed, failed, unresolvable)
+
+    def _keep_job_together(
+        self, pod: PodInfo, passed: list[str], failed: dict[str, str]
+    ) -> list[str]:
+        """A job whose pods already run in some network groups keeps to them while
+        a node there fits; only when none does may it spill into another group."""
+        groups = self.cache.job_groups(pod)
+        if not groups:
+            return passed
+        nodes = self.view.state.nodes
+        inside = [n for n in passed if n in nodes and placing.network_group(nodes[n]) in groups]
+        if not inside:
+            return passed
+        where = ", ".join(sorted(groups))
+        for name in passed:
+            if name not in inside:
+                failed[name] = f"hcs: job {pod.job} runs in network group {where}, which has room"
+        return inside
 
     def _filtered(
         self,
         args: wire.ExtenderArgs,
+        names: list[str],
         passed: list[str],
         failed: dict[str, str],
         unresolvable: dict[str, str],
@@ -124,19 +183,15 @@ class Extender:
                 node_names=passed, failed=failed, unresolvable=unresolvable
             )
         keep = set(passed)
-        items = [
-            raw
-            for raw, name in zip(args.nodes.items, wire.node_names(args), strict=True)
-            if name in keep
-        ]
+        items = [raw for raw, name in zip(args.nodes.items, names, strict=True) if name in keep]
         nodes = wire.NodeList(items=items, metadata=args.nodes.metadata)
         return wire.ExtenderFilterResult(nodes=nodes, failed=failed, unresolvable=unresolvable)
 
     async def prioritize(self, body: bytes) -> list[wire.HostPriority] | msgspec.Raw:
-        args = wire.FILTER_ARGS.decode(body)
-        names = wire.node_names(args)
+        args = wire.decode(wire.FILTER_ARGS, body)
+        names = await _node_names(args)
         try:
-            pod = pod_info(args.pod)
+            pod = read_pod(args.pod)
         except BadPod:
             pod = None
         if pod is None or not pod.wants_devices:
@@ -147,11 +202,24 @@ class Extender:
         cache = self.cache.of(demand)
         groups = self.cache.job_groups(pod)
         if demand.devices == 1 and groups is None:
-            return msgspec.Raw(cache.plain_scores(names))
-        return cache.scores(names, job_groups=groups)
+            fragments: list[bytes] = []
+            async for part in _chunks(names):
+                fragments += cache.plain_fragments(part)
+            return msgspec.Raw(b"[" + b",".join(fragments) + b"]")
+        parts: list[placing.Components | None] = []
+        async for part in _chunks(names):
+            parts += cache.parts_of(part)
+        best = caching.best_gbps(parts)
+        scores: list[wire.HostPriority] = []
+        async for start in _chunk_starts(len(names)):
+            end = start + CHUNK
+            scores += cache.scored(
+                names[start:end], parts[start:end], best_gbps=best, job_groups=groups
+            )
+        return scores
 
     async def bind(self, body: bytes) -> wire.ExtenderBindingResult:
-        args = wire.BIND_ARGS.decode(body)
+        args = wire.decode(wire.BIND_ARGS, body)
         pod = await self._bound_pod(args)
         if isinstance(pod, str):
             return wire.ExtenderBindingResult(error=pod)
@@ -160,7 +228,7 @@ class Extender:
             return wire.ExtenderBindingResult(error=demand)
         error = await self.booker.bind(pod, demand, node=args.node)
         if not error:
-            self.pods.pop(pod.ref.uid, None)
+            self.pods.pop(pod.ref.uid)
         return wire.ExtenderBindingResult(error=error)
 
     async def _bound_pod(self, args: wire.ExtenderBindingArgs) -> PodInfo | str:
@@ -170,7 +238,7 @@ class Extender:
         if self.kube is None:
             return f"hcs: pod {args.pod_namespace}/{args.pod_name} was never filtered here"
         try:
-            pod = pod_info_from_dict(await self.kube.get_pod(args.pod_namespace, args.pod_name))
+            pod = read_pod_dict(await self.kube.get_pod(args.pod_namespace, args.pod_name))
         except Exception as exc:  # Kube* errors and BadPod alike end this bind
             return f"hcs: cannot read pod {args.pod_namespace}/{args.pod_name}: {exc}"
         if not pod.wants_devices:
@@ -178,10 +246,10 @@ class Extender:
         return pod
 
     async def preempt(self, body: bytes) -> wire.ExtenderPreemptionResult:
-        args = wire.PREEMPT_ARGS.decode(body)
+        args = wire.decode(wire.PREEMPT_ARGS, body)
         candidates = args.candidates()
         try:
-            pod = pod_info(args.pod)
+            pod = read_pod(args.pod)
         except BadPod:
             return wire.ExtenderPreemptionResult()
         if not pod.wants_devices:
@@ -190,7 +258,9 @@ class Extender:
         if isinstance(demand, str):
             return wire.ExtenderPreemptionResult()
         out: dict[str, wire.MetaVictims] = {}
-        for name, victims in candidates.items():
+        for count, (name, victims) in enumerate(candidates.items(), start=1):
+            if count % CHUNK == 0:
+                await asyncio.sleep(0)
             node = self.view.state.nodes.get(name)
             if node is None or not node.schedulable:
                 continue
@@ -222,6 +292,76 @@ class Extender:
 
     async def metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=metrics_text(), content_type="text/plain")
+
+
+def read_pod(pod: PodObject) -> PodInfo:
+    """``pod_info``, with every way a quantity can be absurd (an exponent past
+    what ``decimal`` holds among them) a ``BadPod`` naming the resource."""
+    try:
+        return pod_info(pod)
+    except ArithmeticError as exc:
+        raise BadPod(_out_of_range(pod)) from exc
+
+
+def read_pod_dict(pod: dict[str, Any]) -> PodInfo:
+    try:
+        return pod_info_from_dict(pod)
+    except ArithmeticError as exc:
+        raise BadPod(_out_of_range(msgspec.convert(pod, PodObject, strict=False))) from exc
+
+
+def _out_of_range(pod: PodObject) -> str:
+    """Which ``ai.compute/*`` quantity of ``pod`` no number can hold, in words."""
+    spec = pod.spec
+    for field, items in (("initContainers", spec.init_containers), ("containers", spec.containers)):
+        for index, container in enumerate(items):
+            for part, amounts in (container.resources or {}).items():
+                for key, value in (amounts if isinstance(amounts, dict) else {}).items():
+                    if _overflows(value):
+                        where = f"spec.{field}[{index}].resources.{part}.{key}"
+                        return f"{where}: {value!r:.60} is out of range for a quantity"
+    return "a quantity in the pod's ai.compute requests is out of range"
+
+
+def _overflows(value: object) -> bool:
+    try:
+        units.parse_quantity(value)  # type: ignore[arg-type]  # any JSON may be here
+    except ArithmeticError:
+        return True
+    except Exception:  # not a quantity at all: someone else's reason
+        return False
+    return False
+
+
+async def _chunk_starts(total: int) -> AsyncIterator[int]:
+    """0, CHUNK, 2×CHUNK… below ``total``, yielding to the event loop between them."""
+    for start in range(0, total, CHUNK):
+        if start:
+            await asyncio.sleep(0)
+        yield start
+
+
+async def _chunks(names: list[str]) -> AsyncIterator[list[str]]:
+    async for start in _chunk_starts(len(names)):
+        yield names[start : start + CHUNK]
+
+
+async def _node_names(args: wire.ExtenderArgs) -> list[str]:
+    """``wire.node_names`` without holding the loop over a long ``Nodes`` list."""
+    if args.node_names is not None or args.nodes is None:
+        return wire.node_names(args)
+    items = args.nodes.items
+    names: list[str] = []
+    async for start in _chunk_starts(len(items)):
+        names += wire.raw_node_names(items[start : start + CHUNK])
+    return names
+
+
+def nowhere(names: list[str], reason: str) -> dict[str, str]:
+    """``FailedAndUnresolvableNodes`` for a pod no node could ever hold: the
+    reason on every node, so kube-scheduler neither preempts for it nor calls
+    it an error (the pod stays Pending with the reason in its event)."""
+    return dict.fromkeys(names, reason)
 
 
 def _failed(

@@ -178,7 +178,9 @@ class Mirror:
                 self._dirty.discard(node)
                 await self._write(node, now=now)
             if self._dirty:
-                wait_s = min(self.written[n] + self.min_interval_s for n in self._dirty) - now
+                # a node first marked while a write was awaited has no `written` yet: due now
+                wait_s = min(self.written.get(n, now) + self.min_interval_s for n in self._dirty)
+                wait_s -= now
                 loop.call_later(max(wait_s, 0.0), self._wake.set)
 
     async def _write(self, node: str, *, now: float) -> None:

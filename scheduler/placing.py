@@ -14,8 +14,9 @@
     placed (partly used nodes first, empty nodes kept whole);
   - ``health``: (mean + min) / 2 of the chosen devices' health scores;
   - ``job_affinity``: 1 when the node shares a network group (RDMA fabric
-    label) with the job's existing reservations; left out for pods without a
-    job or for the job's first pod;
+    label, else network-group label; read from the Node object where the
+    Node is known) with the job's existing reservations; left out for pods
+    without a job or for the job's first pod;
   - ``right_size``: how much of each chosen device the pod uses (VRAM for a
     slice, ACU for a whole device) — a T4-sized request scores low on an H200;
   - ``topology``: minimum pairwise bandwidth of the chosen set relative to
@@ -34,10 +35,9 @@ from dataclasses import dataclass
 from hcs_bus.messages import NodeReservations, Reservation
 from hcs_bus.settings import SchedulerSettings
 from scheduler.pods import PlanAnnotation
-from scheduler.state import DeviceView, NodeView, booked
+from scheduler.state import NETWORK_LABELS, DeviceView, NodeView, booked
 
 Demand = PlanAnnotation
-NETWORK_LABELS = ("hcs.io/rdma-fabric", "hcs.io/network-group")
 MAX_EXACT_DEVICES = 16
 
 
@@ -223,6 +223,8 @@ def _right_size(device: DeviceView, demand: Demand) -> float:
 
 
 def network_group(node: NodeView) -> str | None:
+    """The node's RDMA fabric, else its network group (Node labels first:
+    ``state.merged_labels``)."""
     labels = node.labels
     for label in NETWORK_LABELS:
         value = labels.get(label)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from hcs_bus.messages import Offer, Plan, PlanRequest, QuotaVerdict, Rejection, Requests
 from hcs_bus.profiles import Profile, ProfileDB, equivalent
+from hcs_bus.units import DEVICES_RESOURCE, VRAM_RESOURCE, mib_to_bytes
 from scheduler.placing import device_class
 from scheduler.state import NodeView
 
@@ -422,7 +423,20 @@ def _finish(
         runtime_profile=stats.vendor,
         quota=verdict,
         rejected=tuple(rejected),
+        node_capacity=node_capacity(stats),
     )
+
+
+def node_capacity(stats: ClassStats) -> dict[str, int]:
+    """What the largest node of the class advertises to its kubelet (the agent's
+    units: bytes, whole devices), so the webhook can refuse a pod no node of the
+    class would admit. ACU is left out: measured ACU may exceed the profile's."""
+    if stats.max_usable_per_node <= 0:
+        return {}
+    return {
+        VRAM_RESOURCE: mib_to_bytes(stats.max_usable_per_node * stats.vram_mib),
+        DEVICES_RESOURCE: stats.max_usable_per_node,
+    }
 
 
 def check_quota(

@@ -1,6 +1,8 @@
 """What the scheduler reads from a pod: its ``ai.compute/*`` requests, its
 policy annotations, its job, its priority and the ``hcs.io/plan`` annotation
-the injector writes. Pure: decodes API JSON, no I/O.
+the injector writes. Pure: decodes API JSON, no I/O. Requests and policy are
+read by ``hcs_bus.demands``, the parser the injector uses at admission, so
+both parts see the same demand in every pod.
 
 The ``hcs.io/plan`` annotation (written by the injector, read at filter and
 bind) is a JSON object, decoded strictly::
@@ -17,25 +19,19 @@ from typing import Any
 
 import msgspec
 
+from hcs_bus import demands, vocabulary
 from hcs_bus.messages import Plan, PodRef, Policy, Requests
-from hcs_bus.units import QuantityError, parse_quantity, quantity_mib
 
-RESOURCE_PREFIX = "ai.compute/"
-PLAN_ANNOTATION = "hcs.io/plan"
-JOB_KEY = "hcs.io/job"
-DEVICES_ANNOTATION = "hcs.io/devices"
-VRAM_QUOTA_ANNOTATION = "hcs.io/vram-quota"
-RESUME_ANNOTATION = "hcs.io/resume-from"
-POLICY_ANNOTATIONS = {
-    "vendors": "hcs.io/vendors",
-    "models": "hcs.io/models",
-    "substitution": "hcs.io/substitution",
-    "topology": "hcs.io/topology",
-}
+RESOURCE_PREFIX = demands.COMPUTE
+PLAN_ANNOTATION = vocabulary.PLAN
+JOB_KEY = demands.JOB_KEY
+DEVICES_ANNOTATION = vocabulary.DEVICES
+VRAM_QUOTA_ANNOTATION = vocabulary.VRAM_QUOTA
+RESUME_ANNOTATION = vocabulary.RESUME_FROM
 
 
-class BadPod(ValueError):
-    """A pod whose HCS requests or annotations cannot be understood."""
+# A pod whose HCS requests or annotations cannot be understood.
+BadPod = demands.DemandError
 
 
 class PlanAnnotation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -80,18 +76,14 @@ class _Meta(msgspec.Struct, frozen=True, kw_only=True):
     annotations: dict[str, str] | None = None
 
 
-class _Resources(msgspec.Struct, frozen=True, kw_only=True):
-    requests: dict[str, str | int | float] | None = None
-    limits: dict[str, str | int | float] | None = None
-
-
 class _Container(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
-    resources: _Resources | None = None
+    resources: dict[str, Any] | None = None  # read by ``hcs_bus.demands``
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     containers: list[_Container] = []
+    init_containers: list[_Container] = []
     priority: int | None = None
     node_name: str | None = None
 
@@ -127,7 +119,7 @@ def pod_info(pod: PodObject) -> PodInfo:
     return PodInfo(
         ref=PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid),
         requests=requests_of(pod),
-        policy=policy_of(annotations, job=job),
+        policy=policy_of(annotations, labels=labels),
         annotation=plan_annotation(annotations),
         priority=pod.spec.priority or 0,
         job=job,
@@ -154,64 +146,20 @@ def plan_annotation(annotations: dict[str, str]) -> PlanAnnotation | None:
     return value
 
 
-_FLOAT_RESOURCES = {
-    "acu": "acu",
-    "tflops-fp16": "tflops_fp16",
-    "tflops-bf16": "tflops_bf16",
-    "tflops-fp32": "tflops_fp32",
-}
-
-
 def requests_of(pod: PodObject) -> Requests | None:
-    """Sum of every container's ``ai.compute/*`` requests (limits when no
-    request is given); None when the pod asks for none."""
-    totals: dict[str, float] = {}
-    for container in pod.spec.containers:
-        res = container.resources
-        if res is None:
-            continue
-        amounts = {**(res.limits or {}), **(res.requests or {})}
-        for name, value in amounts.items():
-            if name.startswith(RESOURCE_PREFIX):
-                short = name[len(RESOURCE_PREFIX) :]
-                totals[short] = totals.get(short, 0.0) + _amount(short, value)
-    if not totals:
-        return None
-    unknown = set(totals) - {"vram", "devices", *_FLOAT_RESOURCES}
-    if unknown:
-        names = ", ".join(sorted(RESOURCE_PREFIX + u for u in unknown))
-        raise BadPod(f"unknown HCS resource {names}")
-    devices = totals.get("devices")
-    if devices is not None and devices != int(devices):
-        raise BadPod(f"resource {RESOURCE_PREFIX}devices: {devices:g} is not a whole number")
-    extra = {field: totals.get(short, 0.0) for short, field in _FLOAT_RESOURCES.items()}
-    return Requests(
-        vram_mib=int(totals.get("vram", 0)),
-        devices=int(devices) if devices is not None else None,
-        **extra,
-    )
+    """The pod's ``ai.compute/*`` requests as ``hcs_bus.demands`` reads them (as
+    the injector did at admission); None when the pod asks for none."""
+    found = [
+        (demands.ContainerRef(field, i, c.name), {"resources": c.resources})
+        for field, items in (
+            ("initContainers", pod.spec.init_containers),
+            ("containers", pod.spec.containers),
+        )
+        for i, c in enumerate(items)
+    ]
+    asked = demands.read_requests(found)
+    return asked.requests if asked is not None else None
 
 
-def _amount(short: str, value: str | int | float) -> float:
-    try:
-        if short == "vram":
-            return float(quantity_mib(value))
-        return float(parse_quantity(value))
-    except QuantityError as exc:
-        raise BadPod(f"resource {RESOURCE_PREFIX}{short}: {exc}") from exc
-
-
-def policy_of(annotations: dict[str, str], *, job: str | None) -> Policy:
-    raw: dict[str, Any] = {"job": job}
-    for field, key in POLICY_ANNOTATIONS.items():
-        value = annotations.get(key)
-        if value is None:
-            continue
-        if field in ("vendors", "models"):
-            raw[field] = tuple(v.strip() for v in value.split(",") if v.strip())
-        else:
-            raw[field] = value.strip()
-    try:
-        return msgspec.convert(raw, Policy)
-    except msgspec.ValidationError as exc:
-        raise BadPod(f"policy annotations: {exc}") from exc
+def policy_of(annotations: dict[str, str], *, labels: dict[str, str] | None = None) -> Policy:
+    return demands.read_policy(annotations, labels=labels)

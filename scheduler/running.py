@@ -1,5 +1,5 @@
 """One scheduler replica: the view, the plan service, the extender, the
-release watcher and the expiry loop, wired together."""
+release watcher, the Node label watcher and the expiry loop, wired together."""
 
 from __future__ import annotations
 
@@ -99,6 +99,8 @@ async def run(
 
     cfg = settings.scheduler
     view = ClusterView(bus, settings=cfg)
+    if kube is not None:
+        view.nodes_synced = asyncio.Event()
     _states.add(view.state)
     replica = cfg.replica_id or f"{socket.gethostname()}:{os.getpid()}"
     kv = await bus.js.key_value(streams.KV_ALLOC)
@@ -121,6 +123,7 @@ async def run(
     running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
     if kube is not None:
         running.append(tasks.start(watching.watch_pods(kube, booker), name="pod-watch"))
+        running.append(tasks.start(watching.watch_nodes(kube, view), name="node-watch"))
         reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)
         running.append(tasks.start(reconciling, name="pod-reconcile"))
     _log.info("scheduler_started", replica=replica, cluster=kube is not None)

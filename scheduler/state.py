@@ -11,13 +11,21 @@ reservations. No I/O, no clock reads (``now`` is passed in).
   contains what HCS handed out).
 * A node whose fingerprints stop for ``stale_after_s`` is stale: kept in the
   view (for ``hcs top``) but not schedulable.
+* Labels of the Node objects (fed from the Node watch) sit beside the
+  fingerprints and outlive them. A node's ``labels`` are its fingerprint's
+  overlaid by its Node's; the network labels (``NETWORK_LABELS``) are the
+  Node's alone once its Node is known — one removed from the Node stops
+  counting, whatever the fingerprint says. Fingerprint network labels count
+  only for nodes without a Node object (no cluster configured, a simulated
+  fleet not mapped onto Nodes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from hcs_bus import vocabulary
 from hcs_bus.messages import (
     DeviceFingerprint,
     HealthEvent,
@@ -26,6 +34,10 @@ from hcs_bus.messages import (
     Reservation,
     Verdict,
 )
+
+# Placement groups, in the order they name a node's group (placing.network_group).
+NETWORK_LABELS = (vocabulary.RDMA_FABRIC_LABEL, vocabulary.NETWORK_GROUP_LABEL)
+RDMA_FABRIC_LABEL = NETWORK_LABELS[0]
 
 
 @dataclass(slots=True)
@@ -68,10 +80,13 @@ class NodeView:
     reservations: dict[str, Reservation] = field(default_factory=dict)
     stale: bool = False
     verdict: Verdict = "healthy"
+    node_labels: Mapping[str, str] | None = None  # the Node object's; None: no Node seen
 
     @property
     def labels(self) -> dict[str, str]:
-        return self.fingerprint.labels
+        """Fingerprint labels overlaid by the Node's; network labels from the
+        Node alone once it is known (module docstring)."""
+        return merged_labels(self.fingerprint.labels, self.node_labels)
 
     @property
     def schedulable(self) -> bool:
@@ -93,6 +108,7 @@ class ClusterState:
         # node → device index (None: the node) → (verdict, score)
         self._verdicts: dict[str, dict[int | None, tuple[Verdict, int]]] = {}
         self._reservations: dict[str, NodeReservations] = {}
+        self._node_labels: dict[str, dict[str, str]] = {}
         self.stale_ignored = 0
 
     # -- applying ---------------------------------------------------------
@@ -107,6 +123,7 @@ class ClusterState:
             fingerprint=fp,
             seen_at=now,
             devices={d.index: DeviceView(fp=d, health_score=d.health_score) for d in fp.devices},
+            node_labels=self._node_labels.get(fp.node),
         )
         if held is not None:
             node.verdict = held.verdict
@@ -138,6 +155,23 @@ class ClusterState:
         if node is not None:
             _book(node, doc)
 
+    def apply_node_labels(self, node_name: str, labels: Mapping[str, str] | None) -> bool:
+        """Hold the labels of the Node object ``node_name`` (None: the Node was
+        deleted); True when they differ from those held, so whatever was
+        derived from the node's labels must be recomputed."""
+        held = self._node_labels.get(node_name)
+        fresh = None if labels is None else dict(labels)
+        if fresh == held:
+            return False
+        if fresh is None:
+            del self._node_labels[node_name]
+        else:
+            self._node_labels[node_name] = fresh
+        node = self.nodes.get(node_name)
+        if node is not None:
+            node.node_labels = fresh
+        return True
+
     def mark_stale(self, *, now: float, stale_after_s: float) -> list[str]:
         """Mark nodes silent for ``stale_after_s``; returns the newly stale."""
         newly: list[str] = []
@@ -165,6 +199,16 @@ class ClusterState:
     def _restore_verdicts(self, node: NodeView) -> None:
         for index, (verdict, score) in self._verdicts.get(node.name, {}).items():
             _apply_verdict(node, index, verdict, score)
+
+
+def merged_labels(fingerprint: Mapping[str, str], node: Mapping[str, str] | None) -> dict[str, str]:
+    """A node's labels: the fingerprint's, overlaid by the Node's when the Node
+    is known, whose network labels then replace the fingerprint's entirely."""
+    if node is None:
+        return dict(fingerprint)
+    out = {k: v for k, v in fingerprint.items() if k not in NETWORK_LABELS}
+    out.update(node)
+    return out
 
 
 def _newer(fp: NodeFingerprint, held: NodeFingerprint) -> bool:
@@ -225,6 +269,7 @@ def booked(node: NodeView, doc: NodeReservations | None) -> NodeView:
         },
         stale=node.stale,
         verdict=node.verdict,
+        node_labels=node.node_labels,
     )
     _book(copy, doc)
     return copy

@@ -6,6 +6,11 @@ health events (``HCS_HEALTH`` from ``now − health_replay_s``), and every
 node's reservations (KV ``hcs_alloc`` watch). The same consumers then carry
 on live. ``ready`` is set only when all three have caught up; a watchdog
 marks nodes stale when their fingerprints stop.
+
+With a cluster, the Node watch (``watching.watch_nodes``) feeds Node labels
+through ``apply_node_labels``; ``nodes_synced`` (set by the runner) then also
+gates ``ready``, for at most ``SYNC_WAIT_S``, so a fresh replica does not bind
+on fingerprint labels the Nodes contradict.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -30,6 +35,7 @@ from scheduler.state import ClusterState
 
 _log = logger("hcs.scheduler.view")
 _views: weakref.WeakSet[ClusterView] = weakref.WeakSet()
+SYNC_WAIT_S = 5.0  # longest wait for the reservations' and the Nodes' first list
 
 
 class ClusterView:
@@ -56,6 +62,7 @@ class ClusterView:
         self._kv_ready = asyncio.Event()
         self._fp: Follower[NodeFingerprint] | None = None
         self._health: Follower[HealthEvent] | None = None
+        self.nodes_synced: asyncio.Event | None = None  # set: wait for the Node list
         _views.add(self)
 
     async def start(self) -> None:
@@ -84,7 +91,9 @@ class ClusterView:
         await self._health.start()
         kv = await self.bus.js.key_value(streams.KV_ALLOC)
         self._tasks = [
-            tasks.start(self._watch_reservations(kv), name="view:alloc"),
+            # a KV watch that dies (a dropped connection, a bug) is started again:
+            # a replica must never stop seeing reservations while it answers
+            tasks.supervise(lambda: self._watch_reservations(kv), name="view:alloc"),
             tasks.start(self._watch_staleness(), name="view:stale"),
             tasks.start(self._wait_caught_up(loop.time()), name="view:ready"),
         ]
@@ -111,6 +120,14 @@ class ClusterView:
         if self.state.apply_health(item.value):
             self._changed(item.value.node)
         self.applied += 1
+
+    def apply_node_labels(self, node: str, labels: Mapping[str, str] | None) -> bool:
+        """Take a Node object's labels (None: the Node was deleted); listeners
+        hear of the node when they changed."""
+        if not self.state.apply_node_labels(node, labels):
+            return False
+        self._changed(node)
+        return True
 
     async def _watch_reservations(self, kv: KeyValue) -> None:
         watcher = await kv.watchall()
@@ -153,8 +170,14 @@ class ClusterView:
         await self._fp.caught_up.wait()
         await self._health.caught_up.wait()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):
+            async with asyncio.timeout(SYNC_WAIT_S):
                 await self._kv_ready.wait()
+        if self.nodes_synced is not None:
+            try:
+                async with asyncio.timeout(SYNC_WAIT_S):
+                    await self.nodes_synced.wait()
+            except TimeoutError:
+                _log.warning("nodes_not_listed", waited_s=SYNC_WAIT_S, labels="from fingerprints")
         self.ready.set()
         took = asyncio.get_running_loop().time() - started
         _log.info("view_ready", nodes=len(self.state.nodes), replay_s=round(took, 3))

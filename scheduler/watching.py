@@ -1,10 +1,15 @@
 """Releases driven by the cluster: a pod deleted, or finished (Succeeded /
 Failed), releases its devices; reservations stuck in ``reserved`` expire.
+Node labels followed from the cluster: the Node watch hands each Node's
+labels to the view (network group, RDMA fabric; a deleted Node's are dropped).
 
 The watch only sees what happens while it runs: a pod deleted while no
 replica watched (a restart, a lost release) is found by ``reconcile``,
 which lists the pods and releases every bound reservation whose pod is
-gone or finished."""
+gone or finished. ``reconcile`` also rebuilds the ledger from the pods
+(``scheduler.ledger``): a reservation on a node its pod is not bound to is
+released, and a pod bound by HCS without a ``bound`` reservation gets it
+back from its ``hcs.io/devices`` and ``hcs.io/vram-quota`` annotations."""
 
 from __future__ import annotations
 
@@ -14,7 +19,10 @@ from typing import Any
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import PodRef, Reservation
 from hcs_bus.telemetry import logger
+from scheduler import ledger
 from scheduler.booking import Booker, Kube, pods_key
+from scheduler.state import ClusterState
+from scheduler.viewing import ClusterView
 
 _log = logger("hcs.scheduler.watching")
 FINISHED = ("Succeeded", "Failed")
@@ -64,6 +72,30 @@ async def on_pod_event(booker: Booker, kind: str, pod: dict[str, Any]) -> bool:
     return event is not None
 
 
+async def watch_nodes(kube: Kube, view: ClusterView, *, retry_s: float = 2.0) -> None:
+    """Follow the Nodes' labels forever; the watch is re-opened when it ends."""
+    while True:
+        try:
+            async for kind, node in kube.watch_nodes(synced=view.nodes_synced):
+                on_node_event(view, kind, node)
+        except HcsError as exc:
+            _log.warning("node_watch_failed", error=str(exc), retry_s=retry_s)
+        await asyncio.sleep(retry_s)
+
+
+def on_node_event(view: ClusterView, kind: str, node: dict[str, Any]) -> bool:
+    """Hand one Node event's labels to the view; True when they changed."""
+    meta = node.get("metadata") or {}
+    name = meta.get("name")
+    if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
+        return False
+    labels = None if kind == "DELETED" else dict(meta.get("labels") or {})
+    changed = view.apply_node_labels(str(name), labels)
+    if changed:
+        _log.info("node_labels_changed", node=name, change=kind)
+    return changed
+
+
 async def expire_loop(booker: Booker, *, ttl_s: float) -> None:
     period = max(ttl_s / 4, 0.05)
     while True:
@@ -93,22 +125,95 @@ def orphans(
     return out
 
 
+def misplaced(
+    held: list[tuple[str, Reservation]], pods: list[dict[str, Any]]
+) -> list[tuple[str, Reservation, str]]:
+    """Reservations on a node their pod is not bound to (it is bound to
+    another), with that other node. ``held`` must be read before ``pods``."""
+    bound_to: dict[str, tuple[str, str]] = {}
+    for pod in pods:
+        node = ledger.node_of(pod)
+        if node:
+            ref = pod_ref(pod)
+            bound_to[pods_key(ref)] = (ref.uid, node)
+    out: list[tuple[str, Reservation, str]] = []
+    for node, r in held:
+        found = bound_to.get(pods_key(r.pod))
+        if found is None or (r.pod.uid and found[0] and found[0] != r.pod.uid):
+            continue
+        if found[1] != node:
+            out.append((node, r, found[1]))
+    return out
+
+
+def unbooked(state: ClusterState, pods: list[dict[str, Any]]) -> list[ledger.Claim]:
+    """Pods bound by HCS whose node's view holds no ``bound`` reservation for
+    them (none at all, or one still ``reserved``)."""
+    out: list[ledger.Claim] = []
+    for pod in pods:
+        try:
+            claim = ledger.claim_of(pod)
+        except ledger.BadClaim as exc:
+            _log.error("pod_annotations_unreadable", pod=pods_key(pod_ref(pod)), error=str(exc))
+            continue
+        if claim is None:
+            continue
+        node = state.nodes.get(claim.node)
+        held = node.reservations.get(pods_key(claim.pod)) if node is not None else None
+        if held is None or held.state != "bound" or not ledger.same_pod(held.pod, claim.pod):
+            out.append(claim)
+    return out
+
+
 async def reconcile(kube: Kube, booker: Booker) -> int:
-    """Release bound reservations of pods the cluster no longer runs."""
+    """Make the ledger agree with the pods: release reservations of pods gone,
+    finished or bound to another node; restore (CAS) the reservation of every
+    pod bound by HCS that has none, from its annotations, reporting any
+    over-commit that reveals. Returns the number of documents changed."""
     held = [
         (node.name, r)
         for node in list(booker.state.nodes.values())
         for r in node.reservations.values()
-        if r.state == "bound"
     ]
-    if not held:
-        return 0
-    released = 0
-    for node, r, reason in orphans(held, await kube.list_pods()):
+    listed = await kube.list_pods()
+    changed = 0
+    bound = [(n, r) for n, r in held if r.state == "bound"]
+    for node, r, reason in orphans(bound, listed):
         if await booker.release(r.pod, reason=reason, node=node) is not None:
             _log.info("released_orphan", pod=r.pod.name, namespace=r.pod.namespace, node=node)
-            released += 1
-    return released
+            changed += 1
+    for node, r, other in misplaced(held, listed):
+        if await booker.release(r.pod, reason=f"pod bound to {other}", node=node) is not None:
+            _log.warning("released_misplaced", pod=pods_key(r.pod), node=node, bound_to=other)
+            changed += 1
+    for claim in unbooked(booker.state, listed):
+        changed += await _restore(kube, booker, claim)
+    return changed
+
+
+async def _restore(kube: Kube, booker: Booker, claim: ledger.Claim) -> int:
+    """Re-read the pod (the list may be old), then CAS its reservation in."""
+    try:
+        fresh = ledger.claim_of(await kube.get_pod(claim.pod.namespace, claim.pod.name))
+    except (HcsError, ledger.BadClaim) as exc:  # gone since the list, or unreadable
+        _log.info("restore_skipped", pod=pods_key(claim.pod), reason=str(exc))
+        return 0
+    if fresh is None or fresh.node != claim.node or fresh.pod.uid != claim.pod.uid:
+        return 0
+    node = booker.state.nodes.get(claim.node)
+    if node is None:
+        _log.warning("restore_skipped", pod=pods_key(claim.pod), reason="node unknown to HCS")
+        return 0
+    devices = {i: d.fp for i, d in node.devices.items()}
+    try:
+        reservation = ledger.rebuilt(fresh, devices, now=booker.clock())
+    except ledger.BadClaim as exc:
+        _log.error("restore_failed", pod=pods_key(claim.pod), node=claim.node, error=str(exc))
+        return 0
+    if await booker.hold_bound(reservation, node=claim.node, reason="rebuilt from annotations"):
+        await booker.announce(claim.node, reservation, state="bound", reason="rebuilt by reconcile")
+        return 1
+    return 0
 
 
 async def reconcile_loop(

@@ -13,8 +13,9 @@ uses, behaving as the real one does for them (DESIGN §5):
 - ``pods/{n}/eviction`` consults the namespace's PodDisruptionBudgets and
   answers 429 (shape of k8s/eviction-429-status.json) or deletes the pod
   (201 Status; ``dryRun=All`` writes nothing);
-- pod list with field/label selectors and ``limit``/``continue``; watch
-  streams JSON lines from a ``resourceVersion`` (ERROR 410 once compacted).
+- pod and node lists with field/label selectors and ``limit``/``continue``;
+  pod and node watches stream JSON lines from a ``resourceVersion`` (ERROR 410
+  once compacted; BOOKMARKs with ``allowWatchBookmarks`` when asked for).
 
 ``requests`` logs every call as (method, path, verb, group, resource) with
 RBAC verbs, so tests can compare against ``hcs_bus.kube.API_CALLS``.
@@ -145,18 +146,28 @@ class ApiServer:
             pod["metadata"]["uid"] = uid
         return self.store("pods", (namespace, name), pod)
 
+    def update_node(self, name: str, mutate: Callable[[Obj], None]) -> Obj:
+        node = copy.deepcopy(self.nodes[name])
+        mutate(node)
+        return self.store("nodes", name, node)
+
+    def delete_node(self, name: str) -> Obj:
+        return self._delete("nodes", name)
+
     def update_pod(self, namespace: str, name: str, mutate: Callable[[Obj], None]) -> Obj:
         pod = copy.deepcopy(self.pods[(namespace, name)])
         mutate(pod)
         return self.store("pods", (namespace, name), pod)
 
     def delete_pod(self, namespace: str, name: str) -> Obj:
-        pod = self.pods.pop((namespace, name))
+        return self._delete("pods", (namespace, name))
+
+    def _delete(self, resource: str, key: Key) -> Obj:
+        obj = copy.deepcopy(self.table(resource).pop(key))
         self.rv += 1
-        pod = copy.deepcopy(pod)
-        pod["metadata"]["resourceVersion"] = str(self.rv)
-        self._emit("DELETED", pod, before=pod)
-        return pod
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self._emit("DELETED", obj, before=obj)
+        return obj
 
     def add_pdb(
         self,
@@ -237,7 +248,7 @@ class ApiServer:
         return tables[resource]
 
     def store(self, resource: str, key: Key, obj: Obj) -> Obj:
-        """Write ``obj``: fill identity, bump resourceVersion, emit a pod watch event."""
+        """Write ``obj``: fill identity, bump resourceVersion, emit a pod or node watch event."""
         table = self.table(resource)
         before = table.get(key)
         obj = copy.deepcopy(obj)
@@ -250,7 +261,7 @@ class ApiServer:
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         table[key] = obj
-        if resource == "pods":
+        if resource in WATCHED:
             self._emit("MODIFIED" if before else "ADDED", obj, before=before)
         return copy.deepcopy(obj)
 
@@ -259,6 +270,12 @@ class ApiServer:
         self.history.append(event)
         for queue in self.watchers:
             queue.put_nowait(event)
+
+    def bookmark(self) -> None:
+        """Send a BOOKMARK at the current resourceVersion to every open watch
+        that allowed them (as the watch cache does about once a minute)."""
+        for queue in self.watchers:
+            queue.put_nowait((self.rv, "BOOKMARK", {}, None))
 
     async def until_watched(self, count: int = 1, *, timeout_s: float = 5.0) -> None:
         """Wait until ``count`` watch streams are open."""
@@ -283,6 +300,7 @@ class ApiServer:
 
 
 SERVER = web.AppKey("server", ApiServer)
+WATCHED = ("pods", "nodes")  # the collections whose writes reach watches
 
 
 async def _handle(request: web.Request) -> web.StreamResponse:

@@ -55,3 +55,17 @@ def test_a_message_of_another_type_is_refused_by_its_tag() -> None:
     plan = messages.encode(messages.Plan(ok=False, reason="none fits"))
     with pytest.raises(msgspec.ValidationError):
         messages.decode(plan, messages.HealthEvent)
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [b'{"type": "node_fingerprint", "node": "\xff\xfe"}', b"[" * 2000 + b"]" * 2000],
+    ids=["invalid-utf8", "deeply-nested"],
+)
+def test_every_undecodable_message_is_a_msgspec_decode_error(poison: bytes) -> None:
+    """Invalid UTF-8 and deep nesting escape msgspec as UnicodeDecodeError and
+    RecursionError; callers that catch msgspec's errors must see them too."""
+    with pytest.raises(msgspec.DecodeError):
+        messages.decoder_for(messages.NodeFingerprint).decode(poison)
+    with pytest.raises(msgspec.DecodeError):
+        messages.decode(poison, messages.NodeReservations)

@@ -4,7 +4,9 @@ No I/O here (no subprocess, files or network): each parser takes the text (or
 dict) a tool produced and returns :class:`Parsed` — the devices it could read
 and one :class:`ParseError` per problem. A device whose lines are broken is
 still reported, with ``DeviceFingerprint.error`` set, so the other devices on
-the node stay schedulable and the broken one is visible.
+the node stay schedulable and the broken one is visible. ``Parsed.notes`` are
+facts worth one log line that are not errors (a model the profile database
+does not know).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 
 import msgspec
 
+from agents.labels import label_safe
 from hcs_bus.messages import Compute, DeviceFingerprint, Telemetry
 from hcs_bus.profiles import Profile, ProfileDB
 
@@ -42,6 +45,7 @@ class ParseError(msgspec.Struct, frozen=True, kw_only=True):
 class Parsed(msgspec.Struct, frozen=True, kw_only=True):
     devices: tuple[DeviceFingerprint, ...] = ()
     errors: tuple[ParseError, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 _NO_TELEMETRY = Telemetry()
@@ -91,14 +95,15 @@ def device_from(
 ) -> DeviceFingerprint:
     """A device named as its tool names it, resolved against the profile DB.
 
-    An unknown model keeps the tool's name and zero profile compute (the
-    scheduler offers its VRAM only), never a guess."""
+    An unknown model keeps the tool's name, made a valid Kubernetes label
+    value (it becomes ``hcs.io/model`` and a node-affinity value), and zero
+    profile compute (the scheduler offers its VRAM only), never a guess."""
     profile = db.match(vendor, name)
     return DeviceFingerprint(
         index=index,
         uuid=uuid,
         vendor=vendor,
-        model=profile.model if profile else name,
+        model=profile.model if profile else (label_safe(name) or "unknown"),
         vram_total_mib=vram_total_mib,
         vram_free_mib=max(0, vram_free_mib),
         compute=compute_of(profile),

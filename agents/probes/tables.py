@@ -1,26 +1,20 @@
 """Static lookup tables (pure): Xid severity, accelerator vendor ids.
 
-The Xid table lives in ``xid_severity.json`` next to this module; the eBPF
-loader is compiled from the same file (``ebpf/Makefile``), so both sides give
-the same first estimate. The healer applies its own rules afterwards.
+The Xid table is the one in ``hcs_bus.vocabulary`` (``hcs_bus/data/xids.json``),
+which the healer classifies by too. The eBPF loader is compiled from its
+projection ``xid_severity.json`` next to this module (``ebpf/Makefile``); a test
+keeps the projection equal to the table, so every reader gives the same answer.
 """
 
 from __future__ import annotations
 
-import json
-from importlib import resources
 from typing import Final
 
 from agents.probes.events import Severity, Vendor
+from hcs_bus import vocabulary
 
-
-def _load_xid_table() -> tuple[frozenset[int], frozenset[int]]:
-    text = resources.files(__package__).joinpath("xid_severity.json").read_text("utf-8")
-    raw = json.loads(text)
-    return frozenset(int(c) for c in raw["fatal"]), frozenset(int(c) for c in raw["info"])
-
-
-XID_FATAL, XID_INFO = _load_xid_table()
+XID_FATAL: Final = vocabulary.XID_FATAL
+XID_INFO: Final = vocabulary.XID_INFO
 
 PCI_VENDORS: Final[dict[int, Vendor]] = {
     0x10DE: "nvidia",
@@ -44,12 +38,8 @@ DRIVER_PREFIXES: Final[tuple[tuple[str, Vendor], ...]] = (
 
 
 def xid_severity(code: int) -> Severity:
-    """First-estimate severity of an NVIDIA Xid code."""
-    if code in XID_FATAL:
-        return "fatal"
-    if code in XID_INFO:
-        return "info"
-    return "warning"
+    """Severity of an NVIDIA Xid code, from the one table."""
+    return vocabulary.xid_severity(code)
 
 
 def vendor_of_pci_id(vendor_id: int) -> Vendor | None:

@@ -142,20 +142,25 @@ static void build_nvml_map(void) {
 
 static void do_init(void) {
     hcs_g.log_level = parse_log_level(getenv("HCS_INTERCEPTOR_LOG"));
+    hcs_g.fd = -1;
+    const char *path = getenv("HCS_SHM_PATH");
+    if (!path || !*path) path = HCS_DEFAULT_SHM_PATH;
     const char *q = getenv("HCS_VRAM_QUOTA");
     if (!q || !*q) {
-        HCS_LOG(HCS_LOG_INFO, "HCS_VRAM_QUOTA not set: pass-through");
-        atomic_store_explicit(&hcs_g.mode, HCS_MODE_PASS, memory_order_release);
-        return;
-    }
-    if (hcs_parse_quota(q, hcs_g.quota)) {
+        /* A child whose variable was unset still lives in the pod whose
+         * accounting file records the quota. */
+        if (hcs_shm_recorded_quota(path, hcs_g.quota) != 0) {
+            HCS_LOG(HCS_LOG_INFO, "HCS_VRAM_QUOTA not set: pass-through");
+            atomic_store_explicit(&hcs_g.mode, HCS_MODE_PASS, memory_order_release);
+            return;
+        }
+        HCS_LOG(HCS_LOG_WARN, "HCS_VRAM_QUOTA not set: enforcing the quota recorded in %s", path);
+    } else if (hcs_parse_quota(q, hcs_g.quota)) {
         /* Fail closed: a broken quota must not hand out the whole device. */
         HCS_LOG(HCS_LOG_ERROR, "invalid HCS_VRAM_QUOTA '%s': denying all device allocations", q);
         for (int i = 0; i < HCS_MAX_DEVICES; i++) hcs_g.quota[i] = 0;
     }
     build_nvml_map();
-    const char *path = getenv("HCS_SHM_PATH");
-    if (!path || !*path) path = HCS_DEFAULT_SHM_PATH;
     if (hcs_ptrtab_init() || hcs_shm_open(path)) {
         HCS_LOG(HCS_LOG_ERROR, "cannot set up accounting: pass-through");
         atomic_store_explicit(&hcs_g.mode, HCS_MODE_PASS, memory_order_release);

@@ -22,7 +22,7 @@
 
 /* ---------------------------------------------------------------- shm --- */
 #define HCS_SHM_MAGIC 0x4d415256534348ULL /* "HCSVRAM" little endian */
-#define HCS_SHM_VERSION 2u
+#define HCS_SHM_VERSION 3u
 /* Contended counters get a line pair of their own: Intel's spatial prefetcher
  * pulls 128-byte pairs of lines, so 64-byte padding still shares. */
 #define HCS_LINE 128
@@ -30,12 +30,15 @@
  * (picked once per thread), so the threads of a process do not contend on
  * one line. Only sums over the shards mean anything: a free on another
  * thread than the allocation subtracts from another shard, and a shard's
- * `used` may wrap below zero (unsigned, modulo 2^64). */
+ * counter may wrap below zero (unsigned, modulo 2^64). */
 #define HCS_SLOT_SHARDS 8
 /* A shard keeps freed quota, up to quota / 2^HCS_RESERVE_SHIFT per device,
- * as a reserve for its next allocations instead of giving it back to the
- * device counter (see shm.c). */
+ * as a reserve for its next allocations (see shm.c). */
 #define HCS_RESERVE_SHIFT 2
+/* Byte offsets of the OFD locks (fcntl F_OFD_SETLK), past the end of the
+ * mapped layout: slot i is owned by whoever holds a lock on byte
+ * HCS_LOCK_SLOT0 + i; the kernel drops it when the owner dies. */
+#define HCS_LOCK_SLOT0 (1ULL << 32)
 
 struct hcs_shm_header {
     uint64_t magic;
@@ -46,23 +49,35 @@ struct hcs_shm_header {
     uint64_t total_size;
     uint32_t slot_shards;
     uint32_t line;
-    uint64_t reserved[3];
+    _Atomic uint32_t slot_hwm; /* slots [0, hwm) may be in use */
+    uint32_t pad;
+    uint64_t reserved[2];
 } __attribute__((aligned(HCS_LINE)));
 
 struct hcs_shm_dev {
-    _Atomic uint64_t used; /* bytes charged on this device, all processes */
-    uint64_t quota;        /* informational: quota of the creating process */
+    uint64_t quota; /* quota of the creating process; a later process takes the minimum */
 } __attribute__((aligned(HCS_LINE)));
+
+/* charged: this shard's share of the device's usage (live allocations, quota
+ * in flight and the reserve). reserve: the part of charged that backs no
+ * allocation. Every change is one atomic instruction on this pair, so a
+ * process killed at any instruction leaves a consistent slot. */
+struct hcs_pair {
+    uint64_t charged;
+    uint64_t reserve;
+} __attribute__((aligned(16)));
 
 struct hcs_shm_shard {
-    _Atomic uint64_t used[HCS_MAX_DEVICES];    /* bytes of live allocations */
-    _Atomic uint64_t reserve[HCS_MAX_DEVICES]; /* charged, backs nothing */
+    struct hcs_pair p[HCS_MAX_DEVICES];
 } __attribute__((aligned(HCS_LINE)));
 
+enum { HCS_SLOT_FREE = 0, HCS_SLOT_OWNED = 1 };
+
 struct hcs_shm_slot {
-    _Atomic int32_t pid; /* 0 free, >0 owner, -1 being reclaimed */
-    uint32_t pad0;
-    _Atomic uint64_t start_time; /* /proc/<pid>/stat field 22, 0 unknown */
+    _Atomic int32_t state; /* HCS_SLOT_* (the OFD lock decides who owns it) */
+    int32_t pid;           /* in the owner's pid namespace (diagnostics) */
+    uint64_t pidns;        /* inode of the owner's pid namespace */
+    uint64_t start_time;   /* /proc/self/stat field 22 of the owner */
     struct hcs_shm_shard shard[HCS_SLOT_SHARDS] __attribute__((aligned(HCS_LINE)));
 } __attribute__((aligned(HCS_LINE)));
 
@@ -85,6 +100,9 @@ struct hcs_state {
     uint64_t quota[HCS_MAX_DEVICES];
     struct hcs_shm *shm;
     struct hcs_shm_slot *_Atomic slot; /* claimed lazily on first charge */
+    int fd;                            /* accounting file (OFD locks), -1 private */
+    char path[256];                    /* accounting file path */
+    uint64_t pidns;                    /* inode of our pid namespace */
     int nvml_map[64];                  /* NVML index -> visible ordinal, -1 none */
     int shared;                        /* 1 = shm file, 0 = private fallback */
 };
@@ -118,6 +136,7 @@ HCS_HIDDEN int hcs_parse_quota(const char *s, uint64_t out[HCS_MAX_DEVICES]);
 
 /* shm.c: accounting */
 HCS_HIDDEN int hcs_shm_open(const char *path);
+HCS_HIDDEN int hcs_shm_recorded_quota(const char *path, uint64_t out[HCS_MAX_DEVICES]);
 HCS_HIDDEN void hcs_reap(void);
 HCS_HIDDEN void hcs_release_own_slot(void);
 HCS_HIDDEN void hcs_after_fork_child(void);
@@ -137,19 +156,44 @@ HCS_HIDDEN void hcs_ptrtab_reset(void);
 HCS_HIDDEN int hcs_ptr_put(uint64_t key, int dev, uint64_t size);
 HCS_HIDDEN int hcs_ptr_take(uint64_t key, int *dev, uint64_t *size);
 
+/* track.c: VMM handles and mappings, memory pools, graph memory */
+HCS_HIDDEN int hcs_vmm_created(int lib, uint64_t handle, int dev, uint64_t size);
+HCS_HIDDEN int hcs_vmm_tracked(int lib, uint64_t handle);
+HCS_HIDDEN void hcs_vmm_released(int lib, uint64_t handle);
+HCS_HIDDEN void hcs_vmm_mapped(int lib, uint64_t va, uint64_t size, uint64_t handle);
+HCS_HIDDEN void hcs_vmm_unmapped(int lib, uint64_t va, uint64_t size);
+HCS_HIDDEN int hcs_pool_charge(int lib, uint64_t handle, int dev, uint64_t size, int *tag, uint64_t *taken);
+HCS_HIDDEN void hcs_pool_undo(int tag, uint64_t size, uint64_t taken);
+HCS_HIDDEN void hcs_pool_freed(int tag, uint64_t size);
+HCS_HIDDEN void hcs_pool_trimmed(int lib, uint64_t handle, uint64_t keep);
+HCS_HIDDEN void hcs_pool_threshold(int lib, uint64_t handle, int dev, uint64_t threshold);
+HCS_HIDDEN void hcs_graph_alloc_node(uint64_t graph, int dev, uint64_t size);
+HCS_HIDDEN void hcs_graph_destroyed(uint64_t graph);
+HCS_HIDDEN int hcs_graph_charge(uint64_t graph, uint64_t out[HCS_MAX_DEVICES]);
+HCS_HIDDEN void hcs_graph_uncharge(const uint64_t charged[HCS_MAX_DEVICES]);
+HCS_HIDDEN void hcs_graph_instantiated(uint64_t exec, const uint64_t charged[HCS_MAX_DEVICES]);
+HCS_HIDDEN void hcs_graph_exec_destroyed(uint64_t exec);
+HCS_HIDDEN void hcs_track_reset(void);
+
 /* Allocation protocol shared by all vendors. */
 /* After a successful real allocation: record it. 0 = table full (caller must
  * release the real allocation and report out-of-memory). */
+/* A pointer table tag is the device, plus a pool index << 8 for pool
+ * allocations (whose frees the pool may keep). */
+static inline void hcs_refund_tag(int tag, uint64_t size) {
+    if (HCS_LIKELY(tag < 256)) hcs_refund(tag, size);
+    else hcs_pool_freed(tag, size);
+}
 static inline int hcs_commit(uint64_t key, int dev, uint64_t size) {
     if (HCS_LIKELY(hcs_ptr_put(key, dev, size))) return 1;
-    hcs_refund(dev, size);
+    hcs_refund_tag(dev, size);
     HCS_LOG(HCS_LOG_ERROR, "allocation table full; refusing allocation");
     return 0;
 }
 /* Free protocol: take before the real free, finish after it. */
 static inline void hcs_free_done(int ok, uint64_t key, int dev, uint64_t size) {
     if (ok)
-        hcs_refund(dev, size);
+        hcs_refund_tag(dev, size);
     else
         (void)hcs_ptr_put(key, dev, size);
 }
@@ -175,6 +219,87 @@ static inline void hcs_free_done(int ok, uint64_t key, int dev, uint64_t size) {
             return (oom);                                                      \
         }                                                                      \
         return r_;                                                             \
+    } while (0)
+
+/* Pool allocation: `poolof(dev)` names the pool; freed memory that the pool
+ * keeps stays charged (see track.c). */
+#define HCS_POOL_ALLOC(lib, ok, oom, getdev, poolof, size, call, key, undo)      \
+    do {                                                                       \
+        int dev_ = 0, tag_ = 0, c_ = 0;                                        \
+        uint64_t sz_ = (uint64_t)(size), tk_ = 0;                              \
+        if (!hcs_tracking() || sz_ == 0 || !getdev(&dev_) ||                   \
+            (c_ = hcs_pool_charge((lib), poolof(dev_), dev_, sz_, &tag_, &tk_)) == 0) \
+            return (call);                                                     \
+        if (c_ < 0) return (oom);                                              \
+        __typeof__(call) r_ = (call);                                          \
+        if (r_ != (ok)) {                                                      \
+            hcs_pool_undo(tag_, sz_, tk_);                                     \
+            return r_;                                                         \
+        }                                                                      \
+        if (HCS_UNLIKELY(!hcs_ptr_put((key), tag_, sz_))) {                    \
+            undo;                                                              \
+            hcs_pool_undo(tag_, sz_, tk_);                                     \
+            return (oom);                                                      \
+        }                                                                      \
+        return r_;                                                             \
+    } while (0)
+
+/* VMM physical allocation: charged at create, tracked by handle. */
+#define HCS_VMM_CREATE(lib, ok, oom, getdev, size, call, handle, undo)          \
+    do {                                                                       \
+        int dev_ = 0, c_ = 0;                                                  \
+        uint64_t sz_ = (uint64_t)(size);                                       \
+        if (!hcs_tracking() || sz_ == 0 || !getdev(&dev_) ||                   \
+            (c_ = hcs_charge(dev_, sz_)) == 0)                                 \
+            return (call);                                                     \
+        if (c_ < 0) return (oom);                                              \
+        __typeof__(call) r_ = (call);                                          \
+        if (r_ != (ok)) {                                                      \
+            hcs_refund(dev_, sz_);                                             \
+            return r_;                                                         \
+        }                                                                      \
+        if (HCS_UNLIKELY(!hcs_vmm_created((lib), (uint64_t)(handle), dev_, sz_))) { \
+            undo;                                                              \
+            return (oom);                                                      \
+        }                                                                      \
+        return r_;                                                             \
+    } while (0)
+
+/* Pitched allocation: the pitch is only known after the call. Charge an
+ * estimate (512-byte rows), then settle the difference; 0 = keep it. */
+static inline int hcs_pitch_settle(int dev, uint64_t est, uint64_t actual, uint64_t key) {
+    if (actual > est) {
+        if (hcs_charge(dev, actual - est) < 0) {
+            hcs_refund(dev, est);
+            return -1;
+        }
+    } else if (actual < est) {
+        hcs_refund(dev, est - actual);
+    }
+    return hcs_commit(key, dev, actual) ? 0 : -1;
+}
+static inline uint64_t hcs_mul_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+#define HCS_PITCH_ALLOC(ok, oom, getdev, call, width, height, pitchp, key, undo)                 \
+    do {                                                                                      \
+        uint64_t est_ = hcs_mul_sat(((uint64_t)(width) + 511) & ~(uint64_t)511, (height));    \
+        int dev_ = 0, c_ = 0;                                                                 \
+        if (!hcs_tracking() || est_ == 0 || !getdev(&dev_) || (c_ = hcs_charge(dev_, est_)) == 0) \
+            return (call);                                                                    \
+        if (c_ < 0) return (oom);                                                             \
+        __typeof__(call) r_ = (call);                                                         \
+        if (r_ != (ok)) {                                                                     \
+            hcs_refund(dev_, est_);                                                           \
+            return r_;                                                                        \
+        }                                                                                     \
+        uint64_t act_ = (pitchp) ? hcs_mul_sat(*(pitchp), (height)) : est_;                   \
+        if (hcs_pitch_settle(dev_, est_, act_, (key))) {                                      \
+            undo;                                                                             \
+            return (oom);                                                                     \
+        }                                                                                     \
+        return r_;                                                                            \
     } while (0)
 
 #define HCS_FREE(ok, key, call)                                                \

@@ -15,7 +15,7 @@
 
 struct entry {
     _Atomic uint64_t key;
-    _Atomic uint64_t meta; /* size << 8 | device */
+    _Atomic uint64_t meta; /* size << 16 | tag (device, pool) */
 };
 
 static struct entry *_Atomic primary;
@@ -78,8 +78,8 @@ static int take(struct entry *t, unsigned bits, uint64_t key, uint64_t *meta) {
 }
 
 int hcs_ptr_put(uint64_t key, int dev, uint64_t size) {
-    if (HCS_UNLIKELY(key <= K_TOMB || size >> 56)) return 0;
-    uint64_t meta = size << 8 | (uint64_t)(dev & 0xff);
+    if (HCS_UNLIKELY(key <= K_TOMB || size >> 48)) return 0;
+    uint64_t meta = size << 16 | (uint64_t)(dev & 0xffff);
     struct entry *t = atomic_load_explicit(&primary, memory_order_acquire);
     if (HCS_LIKELY(t && put(t, PRIMARY_BITS, key, meta))) return 1;
     struct entry *o = atomic_load_explicit(&overflow, memory_order_acquire);
@@ -106,7 +106,7 @@ int hcs_ptr_take(uint64_t key, int *dev, uint64_t *size) {
         found = o && take(o, OVERFLOW_BITS, key, &m);
     }
     if (!found) return 0;
-    *dev = (int)(m & 0xff);
-    *size = m >> 8;
+    *dev = (int)(m & 0xffff);
+    *size = m >> 16;
     return 1;
 }

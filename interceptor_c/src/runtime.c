@@ -1,6 +1,8 @@
 /* CUDA runtime API hooks (dynamically linked libcudart). The runtime calls
  * the driver through cuGetProcAddress, i.e. through our driver wrappers; a
- * thread-local depth keeps those nested calls from being charged twice. */
+ * thread-local depth keeps those nested calls from being charged twice.
+ * Stream-ordered (pool) allocations are left to the driver hooks, which
+ * know the pools: cudaMallocAsync and cudaFreeAsync are not wrapped. */
 #include "hcs.h"
 
 
@@ -30,23 +32,10 @@ HCS_EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned in
               HCS_KEY_PTR(*devPtr), HCS_CALL_IF(cudaFree, (*devPtr)));
 }
 
-HCS_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream) {
-    RT_REAL_OR_FAIL(cudaMallocAsync);
-    cudaError_t nested_tmp_;
-    HCS_ALLOC(cudaSuccess, cudaErrorMemoryAllocation, rt_device, size, NESTED(real(devPtr, size, stream)),
-              HCS_KEY_PTR(*devPtr), HCS_CALL_IF(cudaFreeAsync, (*devPtr, stream)));
-}
-
 HCS_EXPORT cudaError_t cudaFree(void *devPtr) {
     RT_REAL_OR_FAIL(cudaFree);
     cudaError_t nested_tmp_;
     HCS_FREE(cudaSuccess, HCS_KEY_PTR(devPtr), NESTED(real(devPtr)));
-}
-
-HCS_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream) {
-    RT_REAL_OR_FAIL(cudaFreeAsync);
-    cudaError_t nested_tmp_;
-    HCS_FREE(cudaSuccess, HCS_KEY_PTR(devPtr), NESTED(real(devPtr, stream)));
 }
 
 HCS_EXPORT cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {

@@ -53,6 +53,47 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+typedef unsigned int CUdeviceptr_v1; /* legacy 32-bit entry points */
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct {
+    int allocType;   /* CUmemAllocationType */
+    int handleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    unsigned char reserved[64];
+} CUmemPoolProps;
+typedef struct {
+    CUmemPoolProps poolProps;
+    const void *accessDescs; /* const CUmemAccessDesc * */
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
@@ -110,8 +151,32 @@ typedef int aclrtMemAttr;
 #define ACL_HBM_MEM_P2P_HUGE 8
 #define ACL_HBM_MEM_P2P_NORMAL 9
 
+typedef void *aclrtDrvMemHandle;
+typedef struct {
+    int handleType;     /* aclrtMemHandleType */
+    int allocationType; /* aclrtMemAllocationType */
+    aclrtMemAttr memAttr;
+    struct {
+        uint32_t id;
+        int type; /* aclrtMemLocationType: 1 = device */
+    } location;
+    uint64_t reserve;
+} aclrtPhysicalMemProp;
+#define ACL_MEM_LOCATION_TYPE_DEVICE 1
+
 /* ---- HIP ---- */
 typedef int hipError_t;
+typedef struct ihipStream_t *hipStream_t;
+typedef struct ihipMemPoolHandle_t *hipMemPool_t;
+typedef struct ihipMemGenericAllocationHandle *hipMemGenericAllocationHandle_t;
+typedef CUmemAllocationProp hipMemAllocationProp; /* same layout */
+typedef struct hipArray *hipArray_t;
+typedef struct {
+    int x, y, z, w; /* bits per channel */
+    int f;          /* hipChannelFormatKind */
+} hipChannelFormatDesc;
+#define hipMemPoolAttrReleaseThreshold 4
+#define hipMemLocationTypeDevice 1
 #define hipSuccess 0
 #define hipErrorInvalidValue 1
 #define hipErrorOutOfMemory 2 /* == hipErrorMemoryAllocation */
@@ -119,6 +184,9 @@ typedef int hipError_t;
 
 /* ---- Cambricon CNRT ---- */
 typedef int cnrtRet_t;
+typedef struct CNqueue_st *cnrtQueue_t;
+typedef struct CNmemPool_st *cnrtMemPool_t;
+#define cnrtMemPoolAttrReleaseThreshold 4
 #define cnrtSuccess 0
 #define cnrtErrorArgsInvalid 100002 /* stubs only */
 #define cnrtErrorNoDevice 100004
@@ -158,6 +226,37 @@ V CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
 V CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 V CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                CUdriverProcAddressQueryResult *symbolStatus);
+V CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+V CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height,
+                           unsigned int ElementSizeBytes);
+V CUresult cuMemFree(CUdeviceptr_v1 dptr);
+V CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
+V CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray);
+V CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray);
+V CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                    unsigned long long flags);
+V CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+V CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                               unsigned long long flags);
+V CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+V CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+V CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+V CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+V CUresult cuMemPoolDestroy(CUmemoryPool pool);
+V CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value);
+V CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+V CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+V CUresult cuGraphDestroy(CUgraph hGraph);
+V CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                  size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
+V CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                              size_t bufferSize);
+V CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                 char *logBuffer, size_t bufferSize);
+V CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
+V CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+V CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 V cudaError_t cudaGetDevice(int *device);
 V cudaError_t cudaMalloc(void **devPtr, size_t size);
 V cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags);
@@ -175,6 +274,43 @@ V aclError aclrtGetDevice(int32_t *deviceId);
 V aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
 V aclError aclrtFree(void *devPtr);
 V aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free, size_t *total);
+V aclError aclrtMallocCached(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
+V aclError aclrtMallocAlign32(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
+V aclError aclrtMallocWithCfg(void **devPtr, size_t size, aclrtMemMallocPolicy policy, void *cfg);
+V aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size, const aclrtPhysicalMemProp *prop,
+                               uint64_t flags);
+V aclError aclrtFreePhysical(aclrtDrvMemHandle handle);
+V aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr, uint64_t flags);
+V aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle handle, uint64_t flags);
+V aclError aclrtUnmapMem(void *virPtr);
+V hipError_t hipMallocManaged(void **ptr, size_t size, unsigned int flags);
+V hipError_t hipExtMallocWithFlags(void **ptr, size_t size, unsigned int flags);
+V hipError_t hipMallocAsync(void **ptr, size_t size, hipStream_t stream);
+V hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t stream);
+V hipError_t hipFreeAsync(void *ptr, hipStream_t stream);
+V hipError_t hipDeviceGetMemPool(hipMemPool_t *pool, int device);
+V hipError_t hipMemPoolTrimTo(hipMemPool_t pool, size_t minBytesToHold);
+V hipError_t hipMemPoolSetAttribute(hipMemPool_t pool, int attr, void *value);
+V hipError_t hipMemPoolDestroy(hipMemPool_t pool);
+V hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height);
+V hipError_t hipMemAllocPitch(CUdeviceptr *dptr, size_t *pitch, size_t widthInBytes, size_t height,
+                              unsigned int elementSizeBytes);
+V hipError_t hipMallocArray(hipArray_t *array, const hipChannelFormatDesc *desc, size_t width, size_t height,
+                            unsigned int flags);
+V hipError_t hipFreeArray(hipArray_t array);
+V hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size, const hipMemAllocationProp *prop,
+                          unsigned long long flags);
+V hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle);
+V hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr, unsigned long long flags);
+V hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
+                       unsigned long long flags);
+V hipError_t hipMemUnmap(void *ptr, size_t size);
+V cnrtRet_t cnrtMallocConstant(void **pPtr, size_t bytes);
+V cnrtRet_t cnrtMemAllocAsync(void **pPtr, size_t bytes, cnrtQueue_t queue);
+V cnrtRet_t cnrtMemFreeAsync(void *ptr, cnrtQueue_t queue);
+V cnrtRet_t cnrtDeviceGetMemPool(cnrtMemPool_t *pool, int dev);
+V cnrtRet_t cnrtMemPoolTrimTo(cnrtMemPool_t pool, size_t minBytesToKeep);
+V cnrtRet_t cnrtMemPoolSetAttribute(cnrtMemPool_t pool, int attr, void *value);
 V hipError_t hipSetDevice(int deviceId);
 V hipError_t hipGetDevice(int *deviceId);
 V hipError_t hipMalloc(void **ptr, size_t size);

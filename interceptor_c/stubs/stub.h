@@ -19,4 +19,6 @@ int stub_set_device(int dev);
 int stub_device_count(void);
 void stubGetStats(int dev, unsigned long long *used, unsigned long long *peak);
 void stubResetPeak(int dev);
+void stub_phys_add(int dev, int64_t delta); /* memory kept outside any address */
+int stub_lookup(uint64_t addr, int *dev, uint64_t *size);
 #endif

@@ -20,3 +20,26 @@ aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *f, size_t *t) {
     *t = tt;
     return ACL_SUCCESS;
 }
+aclError aclrtMallocCached(void **p, size_t n, aclrtMemMallocPolicy pol) { return aclrtMalloc(p, n, pol); }
+aclError aclrtMallocAlign32(void **p, size_t n, aclrtMemMallocPolicy pol) { return aclrtMalloc(p, n, pol); }
+aclError aclrtMallocWithCfg(void **p, size_t n, aclrtMemMallocPolicy pol, void *cfg) {
+    (void)cfg;
+    return aclrtMalloc(p, n, pol);
+}
+aclError aclrtMallocPhysical(aclrtDrvMemHandle *h, size_t n, const aclrtPhysicalMemProp *prop, uint64_t f) {
+    (void)f;
+    if (!h || !prop) return ACL_ERROR_INVALID_PARAM;
+    return map(stub_alloc_dev((int)prop->location.id, n, (uint64_t *)h));
+}
+aclError aclrtFreePhysical(aclrtDrvMemHandle h) { return map(stub_free((uint64_t)(uintptr_t)h)); }
+static uint64_t next_va = 0x500000000000ULL;
+aclError aclrtReserveMemAddress(void **p, size_t n, size_t align, void *expect, uint64_t f) {
+    (void)align, (void)expect, (void)f;
+    *p = (void *)(uintptr_t)__atomic_fetch_add(&next_va, (n + 0xfffff) & ~(size_t)0xfffff, __ATOMIC_RELAXED);
+    return ACL_SUCCESS;
+}
+aclError aclrtMapMem(void *p, size_t n, size_t off, aclrtDrvMemHandle h, uint64_t f) {
+    (void)p, (void)n, (void)off, (void)h, (void)f;
+    return ACL_SUCCESS;
+}
+aclError aclrtUnmapMem(void *p) { (void)p; return ACL_SUCCESS; }

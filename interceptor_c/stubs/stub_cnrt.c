@@ -16,3 +16,12 @@ cnrtRet_t cnrtMemGetInfo(size_t *f, size_t *t) {
     *t = tt;
     return cnrtSuccess;
 }
+cnrtRet_t cnrtMallocConstant(void **p, size_t n) { return cnrtMalloc(p, n); }
+cnrtRet_t cnrtMemAllocAsync(void **p, size_t n, cnrtQueue_t q) { (void)q; return cnrtMalloc(p, n); }
+cnrtRet_t cnrtMemFreeAsync(void *p, cnrtQueue_t q) { (void)q; return cnrtFree(p); }
+cnrtRet_t cnrtDeviceGetMemPool(cnrtMemPool_t *pool, int d) {
+    *pool = (cnrtMemPool_t)(uintptr_t)(0x4000 + d);
+    return cnrtSuccess;
+}
+cnrtRet_t cnrtMemPoolTrimTo(cnrtMemPool_t pool, size_t keep) { (void)pool, (void)keep; return cnrtSuccess; }
+cnrtRet_t cnrtMemPoolSetAttribute(cnrtMemPool_t pool, int attr, void *v) { (void)pool, (void)attr, (void)v; return cnrtSuccess; }

@@ -140,3 +140,21 @@ void stubResetPeak(int dev) {
     INIT();
     atomic_store(&ctr->peak[dev], atomic_load(&ctr->used[dev]));
 }
+
+void stub_phys_add(int dev, int64_t delta) {
+    INIT();
+    uint64_t now = atomic_fetch_add(&ctr->used[dev], (uint64_t)delta) + (uint64_t)delta;
+    uint64_t pk = atomic_load_explicit(&ctr->peak[dev], memory_order_relaxed);
+    while (now > pk && !atomic_compare_exchange_weak(&ctr->peak[dev], &pk, now)) {
+    }
+}
+
+int stub_lookup(uint64_t addr, int *dev, uint64_t *size) {
+    if (addr < BASE || ((addr - BASE) & 0xfff)) return STUB_EINVAL;
+    uint64_t id = (addr - BASE) >> 12;
+    struct entry *e = &tab[id & TAB_MASK];
+    if (atomic_load_explicit(&e->id, memory_order_acquire) != id) return STUB_EINVAL;
+    *size = atomic_load_explicit(&e->size, memory_order_relaxed);
+    *dev = atomic_load_explicit(&e->dev, memory_order_acquire);
+    return STUB_OK;
+}

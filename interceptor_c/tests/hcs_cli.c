@@ -12,8 +12,15 @@
 
 #include "../stubs/stub.h"
 
-enum kind { K_CU, K_CU_ASYNC, K_CU_ASYNC_PTSZ, K_VMM, K_ARRAY, K_MIPMAP, K_RT, K_RT_ASYNC, K_ACL, K_HIP, K_CNRT, K_G, K_G_ASYNC };
-struct handle { enum kind kind; uint64_t v; };
+enum kind { K_CU, K_CU_ASYNC, K_CU_ASYNC_PTSZ, K_VMM, K_ARRAY, K_MIPMAP, K_RT, K_RT_ASYNC, K_ACL, K_HIP, K_CNRT, K_G, K_G_ASYNC,
+            K_V1, K_MAP, K_GEXEC, K_G1, K_HIP_ASYNC, K_HIP_ARRAY, K_HIP_MAP, K_ACL_MAP, K_CNRT_ASYNC };
+struct handle { enum kind kind; uint64_t v; uint64_t size; };
+static CUgraph graph;
+static struct {
+    CUresult (*alloc)(CUdeviceptr_v1 *, unsigned int);
+    CUresult (*free)(CUdeviceptr_v1);
+    CUresult (*info)(unsigned int *, unsigned int *);
+} g1;
 static struct handle handles[4096];
 static int nhandles;
 
@@ -40,7 +47,7 @@ static uint64_t num(const char *s) {
 }
 
 static void push(int rc, enum kind k, uint64_t v) {
-    if (rc == 0 && nhandles < 4096) handles[nhandles++] = (struct handle){k, v};
+    if (rc == 0 && nhandles < 4096) handles[nhandles++] = (struct handle){k, v, 0};
 }
 
 static int release(struct handle h) {
@@ -58,6 +65,15 @@ static int release(struct handle h) {
     case K_CNRT: return cnrtFree((void *)(uintptr_t)h.v);
     case K_G: return g.free(h.v);
     case K_G_ASYNC: return g.free_async(h.v, NULL);
+    case K_V1: return cuMemFree((CUdeviceptr_v1)h.v);
+    case K_MAP: return cuMemUnmap(h.v, h.size);
+    case K_GEXEC: return cuGraphExecDestroy((CUgraphExec)(uintptr_t)h.v);
+    case K_G1: return g1.free((CUdeviceptr_v1)h.v);
+    case K_HIP_ASYNC: return hipFreeAsync((void *)(uintptr_t)h.v, NULL);
+    case K_HIP_ARRAY: return hipFreeArray((hipArray_t)(uintptr_t)h.v);
+    case K_HIP_MAP: return hipMemUnmap((void *)(uintptr_t)h.v, h.size);
+    case K_ACL_MAP: return aclrtUnmapMem((void *)(uintptr_t)h.v);
+    case K_CNRT_ASYNC: return cnrtMemFreeAsync((void *)(uintptr_t)h.v, NULL);
     }
     return -1;
 }
@@ -76,6 +92,29 @@ static void *contend_thread(void *p) {
             a->oom++;
         } else {
             a->other++;
+        }
+    }
+    return NULL;
+}
+
+/* Allocate and free forever in mixed sizes (reserve, device counter,
+ * refusals, memory info): a target for kill -9 at any instruction. */
+static void *churn_thread(void *p) {
+    static const uint64_t sizes[] = {1 << 20, 100 << 20, 300 << 20, 700 << 20};
+    unsigned seed = (unsigned)(uintptr_t)p;
+    CUdeviceptr held[4] = {0};
+    for (unsigned i = 0;; i++) {
+        seed = seed * 1103515245u + 12345u;
+        unsigned slot = (seed >> 16) & 3;
+        if (held[slot]) {
+            cuMemFree_v2(held[slot]);
+            held[slot] = 0;
+        } else if (cuMemAlloc_v2(&held[slot], sizes[(seed >> 20) & 3]) != CUDA_SUCCESS) {
+            held[slot] = 0;
+        }
+        if ((i & 63) == 0) {
+            size_t f, t;
+            cuMemGetInfo_v2(&f, &t);
         }
     }
     return NULL;
@@ -121,6 +160,183 @@ int main(int argc, char **argv) {
             else rc = g.async(&d, n, NULL), k = K_G_ASYNC;
             push(rc, k, d);
             printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "cu.v1.alloc") || !strcmp(op, "g1.alloc")) {
+            NEED(1);
+            uint64_t n = num(argv[++i]);
+            CUdeviceptr_v1 d = 0;
+            int g1op = op[0] == 'g';
+            rc = g1op ? g1.alloc(&d, (unsigned)n) : cuMemAlloc(&d, (unsigned)n);
+            push(rc, g1op ? K_G1 : K_V1, d);
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "cu.v1.pitch")) {
+            NEED(2);
+            unsigned w = (unsigned)num(argv[++i]), h = (unsigned)num(argv[++i]), pitch = 0;
+            CUdeviceptr_v1 d = 0;
+            rc = cuMemAllocPitch(&d, &pitch, w, h, 4);
+            push(rc, K_V1, d);
+            printf("%s rc=%d pitch=%u\n", op, rc, pitch);
+        } else if (!strcmp(op, "cu.v1.array") || !strcmp(op, "cu.v1.array3d")) {
+            int three = !strcmp(op, "cu.v1.array3d");
+            NEED(2 + three);
+            CUarray a = NULL;
+            if (three) {
+                CUDA_ARRAY3D_DESCRIPTOR_v1 d = {(unsigned)num(argv[i + 1]), (unsigned)num(argv[i + 2]),
+                                                (unsigned)num(argv[i + 3]), 0x20, 1, 0};
+                rc = cuArray3DCreate(&a, &d);
+            } else {
+                CUDA_ARRAY_DESCRIPTOR_v1 d = {(unsigned)num(argv[i + 1]), (unsigned)num(argv[i + 2]), 0x20, 1};
+                rc = cuArrayCreate(&a, &d);
+            }
+            i += 2 + three;
+            push(rc, K_ARRAY, (uintptr_t)a);
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "cu.v1.info") || !strcmp(op, "g1.info")) {
+            unsigned f = 0, t = 0;
+            rc = op[0] == 'g' ? g1.info(&f, &t) : cuMemGetInfo(&f, &t);
+            printf("%s rc=%d free=%u total=%u\n", op, rc, f, t);
+        } else if (!strcmp(op, "gpa1")) {
+            NEED(1);
+            int ver = (int)num(argv[++i]);
+            rc = cuGetProcAddress("cuMemAlloc", (void **)&g1.alloc, ver, 0);
+            if (!rc) rc = cuGetProcAddress("cuMemFree", (void **)&g1.free, ver, 0);
+            if (!rc) rc = cuGetProcAddress("cuMemGetInfo", (void **)&g1.info, ver, 0);
+            void *wrapper = dlsym(RTLD_DEFAULT, "cuMemAlloc");
+            printf("%s rc=%d wrapped=%d\n", op, rc, rc == 0 && (void *)g1.alloc == wrapper);
+        } else if (!strcmp(op, "cu.map") || !strcmp(op, "cu.release")) {
+            int k = nhandles - 1;
+            while (k >= 0 && handles[k].kind != K_VMM) k--;
+            if (k < 0) {
+                printf("%s rc=-1 no-handle\n", op);
+                continue;
+            }
+            if (!strcmp(op, "cu.release")) {
+                rc = cuMemRelease(handles[k].v);
+                if (!rc) memmove(&handles[k], &handles[k + 1], sizeof handles[0] * (size_t)(--nhandles - k));
+            } else {
+                CUdeviceptr va = 0;
+                rc = cuMemAddressReserve(&va, handles[k].size, 0, 0, 0);
+                if (!rc) rc = cuMemMap(va, handles[k].size, 0, handles[k].v, 0);
+                if (!rc && nhandles < 4096) handles[nhandles++] = (struct handle){K_MAP, va, handles[k].size};
+            }
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "cu.pool_threshold") || !strcmp(op, "cu.trim")) {
+            NEED(1);
+            cuuint64_t n = num(argv[++i]);
+            CUmemoryPool pool;
+            rc = cuDeviceGetMemPool(&pool, stub_get_device());
+            if (!rc) rc = op[3] == 'p' ? cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &n)
+                                       : cuMemPoolTrimTo(pool, n);
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "cu.graph")) {
+            NEED(1);
+            CUDA_MEM_ALLOC_NODE_PARAMS p;
+            memset(&p, 0, sizeof p);
+            p.poolProps.allocType = 1;
+            p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            p.poolProps.location.id = stub_get_device();
+            p.bytesize = num(argv[++i]);
+            CUgraphNode node;
+            rc = graph ? 0 : cuGraphCreate(&graph, 0);
+            if (!rc) rc = cuGraphAddMemAllocNode(&node, graph, NULL, 0, &p);
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "cu.instantiate")) {
+            NEED(1);
+            const char *mode = argv[++i];
+            CUgraphExec e = NULL;
+            if (!strcmp(mode, "legacy")) rc = cuGraphInstantiate(&e, graph, NULL, NULL, 0);
+            else if (!strcmp(mode, "v2")) rc = cuGraphInstantiate_v2(&e, graph, NULL, NULL, 0);
+            else if (!strcmp(mode, "params")) {
+                CUDA_GRAPH_INSTANTIATE_PARAMS p;
+                memset(&p, 0, sizeof p);
+                rc = cuGraphInstantiateWithParams(&e, graph, &p);
+            } else if (!strcmp(mode, "gpa")) {
+                CUresult (*f)(CUgraphExec *, CUgraph, unsigned long long) = NULL;
+                rc = cuGetProcAddress("cuGraphInstantiate", (void **)&f, 12000, 0);
+                if (!rc) rc = f(&e, graph, 0);
+            } else rc = cuGraphInstantiateWithFlags(&e, graph, 0);
+            push(rc, K_GEXEC, (uintptr_t)e);
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "hip.managed") || !strcmp(op, "hip.ext") || !strcmp(op, "hip.async") ||
+                   !strcmp(op, "hip.poolasync") || !strcmp(op, "acl.cached") || !strcmp(op, "acl.align32") ||
+                   !strcmp(op, "acl.cfg") || !strcmp(op, "cnrt.constant") || !strcmp(op, "cnrt.async")) {
+            NEED(1);
+            uint64_t n = num(argv[++i]);
+            void *p = NULL;
+            enum kind k = K_HIP;
+            if (!strcmp(op, "hip.managed")) rc = hipMallocManaged(&p, n, 1);
+            else if (!strcmp(op, "hip.ext")) rc = hipExtMallocWithFlags(&p, n, 0);
+            else if (!strcmp(op, "hip.async")) rc = hipMallocAsync(&p, n, NULL), k = K_HIP_ASYNC;
+            else if (!strcmp(op, "hip.poolasync")) {
+                hipMemPool_t pool;
+                hipDeviceGetMemPool(&pool, stub_get_device());
+                rc = hipMallocFromPoolAsync(&p, n, pool, NULL), k = K_HIP_ASYNC;
+            } else if (!strcmp(op, "acl.cached")) rc = aclrtMallocCached(&p, n, 0), k = K_ACL;
+            else if (!strcmp(op, "acl.align32")) rc = aclrtMallocAlign32(&p, n, 0), k = K_ACL;
+            else if (!strcmp(op, "acl.cfg")) rc = aclrtMallocWithCfg(&p, n, 0, NULL), k = K_ACL;
+            else if (!strcmp(op, "cnrt.constant")) rc = cnrtMallocConstant(&p, n), k = K_CNRT;
+            else rc = cnrtMemAllocAsync(&p, n, NULL), k = K_CNRT_ASYNC;
+            push(rc, k, (uintptr_t)p);
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "hip.pitch") || !strcmp(op, "hip.mempitch") || !strcmp(op, "hip.array")) {
+            NEED(2);
+            uint64_t w = num(argv[++i]), h = num(argv[++i]);
+            size_t pitch = 0;
+            void *p = NULL;
+            enum kind k = K_HIP;
+            if (!strcmp(op, "hip.pitch")) rc = hipMallocPitch(&p, &pitch, w, h);
+            else if (!strcmp(op, "hip.mempitch")) rc = hipMemAllocPitch((CUdeviceptr *)&p, &pitch, w, h, 4);
+            else {
+                hipChannelFormatDesc d = {32, 0, 0, 0, 2};
+                rc = hipMallocArray((hipArray_t *)&p, &d, w, h, 0), k = K_HIP_ARRAY;
+            }
+            push(rc, k, (uintptr_t)p);
+            printf("%s rc=%d pitch=%zu\n", op, rc, pitch);
+        } else if (!strcmp(op, "hip.vmm") || !strcmp(op, "acl.vmm")) {
+            /* create, map, release the handle: the mapping keeps the memory */
+            NEED(1);
+            uint64_t n = num(argv[++i]);
+            void *va = NULL;
+            if (op[0] == 'h') {
+                hipMemAllocationProp prop;
+                memset(&prop, 0, sizeof prop);
+                prop.type = 1;
+                prop.location.type = hipMemLocationTypeDevice;
+                prop.location.id = stub_get_device();
+                hipMemGenericAllocationHandle_t h = NULL;
+                rc = hipMemCreate(&h, n, &prop, 0);
+                if (!rc) rc = hipMemAddressReserve(&va, n, 0, NULL, 0);
+                if (!rc) rc = hipMemMap(va, n, 0, h, 0);
+                if (!rc) rc = hipMemRelease(h);
+                if (!rc && nhandles < 4096) handles[nhandles++] = (struct handle){K_HIP_MAP, (uintptr_t)va, n};
+            } else {
+                aclrtPhysicalMemProp prop;
+                memset(&prop, 0, sizeof prop);
+                prop.memAttr = ACL_HBM_MEM_HUGE;
+                prop.location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+                prop.location.id = (uint32_t)stub_get_device();
+                aclrtDrvMemHandle h = NULL;
+                rc = aclrtMallocPhysical(&h, n, &prop, 0);
+                if (!rc) rc = aclrtReserveMemAddress(&va, n, 0, NULL, 0);
+                if (!rc) rc = aclrtMapMem(va, n, 0, h, 0);
+                if (!rc) rc = aclrtFreePhysical(h);
+                if (!rc && nhandles < 4096) handles[nhandles++] = (struct handle){K_ACL_MAP, (uintptr_t)va, n};
+            }
+            printf("%s rc=%d\n", op, rc);
+        } else if (!strcmp(op, "hip.threshold") || !strcmp(op, "hip.trim") || !strcmp(op, "cnrt.threshold") ||
+                   !strcmp(op, "cnrt.trim")) {
+            NEED(1);
+            uint64_t n = num(argv[++i]);
+            int thr = strstr(op, "threshold") != NULL;
+            if (op[0] == 'h') {
+                hipMemPool_t pool;
+                rc = hipDeviceGetMemPool(&pool, stub_get_device());
+                if (!rc) rc = thr ? hipMemPoolSetAttribute(pool, hipMemPoolAttrReleaseThreshold, &n) : hipMemPoolTrimTo(pool, n);
+            } else {
+                cnrtMemPool_t pool;
+                rc = cnrtDeviceGetMemPool(&pool, stub_get_device());
+                if (!rc) rc = thr ? cnrtMemPoolSetAttribute(pool, cnrtMemPoolAttrReleaseThreshold, &n) : cnrtMemPoolTrimTo(pool, n);
+            }
+            printf("%s rc=%d\n", op, rc);
         } else if (!strcmp(op, "cu.pitch")) {
             NEED(2);
             uint64_t w = num(argv[++i]), h = num(argv[++i]);
@@ -140,6 +356,7 @@ int main(int argc, char **argv) {
             CUmemGenericAllocationHandle h = 0;
             rc = cuMemCreate(&h, n, &prop, 0);
             push(rc, K_VMM, h);
+            if (rc == 0) handles[nhandles - 1].size = n;
             printf("%s rc=%d\n", op, rc);
         } else if (!strcmp(op, "cu.array")) {
             NEED(2);
@@ -259,6 +476,14 @@ int main(int argc, char **argv) {
             usleep((useconds_t)num(argv[++i]) * 1000);
         } else if (!strcmp(op, "hold")) {
             printf("hold rc=0 ready\n");
+            fflush(stdout);
+            for (;;) pause();
+        } else if (!strcmp(op, "churn")) {
+            NEED(1);
+            int nt = (int)num(argv[++i]);
+            pthread_t th;
+            for (int t = 0; t < nt && t < 64; t++) pthread_create(&th, NULL, churn_thread, (void *)(uintptr_t)(t + 1));
+            printf("churn rc=0 started\n");
             fflush(stdout);
             for (;;) pause();
         } else if (!strcmp(op, "contend")) {

@@ -41,6 +41,10 @@ def test_the_example_fleet_has_four_vendors_in_two_network_groups(db) -> None:
         (("device: 1", "device: 5"), ["nodes[0].failures[0].device", "5"]),
         ((", code: 79", ""), ["nodes[0].failures[0].code", "xid"]),
         (("name: n1", "name: 'bad name'"), ["nodes[0].name", "'bad name'"]),
+        (("name: n1", "name: n1\n    labels: {'bad key': x}"), ["nodes[0].labels", "'bad key'"]),
+        (("name: n1", "name: n1\n    labels: {zone: 'z 1'}"), ["nodes[0].labels.zone", "'z 1'"]),
+        (("name: n1", "name: n1\n    network_group: 'ng a'"), ["nodes[0].network_group", "'ng a'"]),
+        (("name: n1", "name: n1\n    rdma_fabric: ib/a"), ["nodes[0].rdma_fabric", "'ib/a'"]),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_field_and_the_value(db, edit, names) -> None:

@@ -54,7 +54,7 @@ async def test_a_simulated_fleet_publishes_every_node_and_its_scripted_failures(
     got: list = []
     sub_fp = await collect(bus, subjects.FP_ALL, got)
     sub_h = await collect(bus, subjects.HEALTH_ALL, got)
-    settings = hcs_settings.Settings()
+    settings = hcs_settings.Settings(kube=hcs_settings.KubeSettings(mode="none"))
     task = asyncio.get_running_loop().create_task(
         run_fleet(bus, spec, settings=settings, tick_s=0.05)
     )

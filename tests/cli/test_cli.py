@@ -36,7 +36,10 @@ def test_bus_init_is_idempotent(nats_url: str) -> None:
     first = hcs("--nats-url", nats_url, "bus", "init")
     second = hcs("--nats-url", nats_url, "bus", "init")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    assert "updated: HCS_FP, HCS_HEALTH, HCS_ALLOC, HCS_DLQ" in second.stdout
+    assert [line.split() for line in second.stdout.splitlines()] == [
+        [name, "unchanged"]
+        for name in ("HCS_FP", "HCS_HEALTH", "HCS_ALLOC", "HCS_DLQ", "KV_hcs_alloc", "KV_hcs_ckpt")
+    ]
 
 
 async def test_top_once_json_shows_every_node_and_the_fleet_totals(bus: Bus, nats_url: str) -> None:

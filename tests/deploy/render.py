@@ -71,22 +71,56 @@ def _tree() -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
 
 
 def render(overlay: str) -> list[dict[str, Any]]:
-    """``kubectl kustomize deploy/overlays/<overlay>`` as a list of objects (cached)."""
+    """``kubectl kustomize deploy/overlays/<overlay>`` as a list of objects (cached).
+
+    ``"<overlay>+<component>"`` renders the overlay with an opt-in component of
+    deploy/components added, as an operator's overlay would.
+    """
     if overlay not in _RENDERED:
         tree, tmp = _tree()
         try:
-            out = subprocess.run(
-                [kubectl(), "kustomize", str(tree / "overlays" / overlay)],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            ).stdout
+            _RENDERED[overlay] = _build(tree, overlay)
         finally:
             if tmp is not None:
                 tmp.cleanup()
-        _RENDERED[overlay] = [d for d in yaml.safe_load_all(out) if d]
     return _RENDERED[overlay]
+
+
+def render_folder(folder: str) -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/<folder>`` (any kustomization folder of deploy/)."""
+    key = f"folder:{folder}"
+    if key not in _RENDERED:
+        _RENDERED[key] = _kustomize(DEPLOY / folder)
+    return _RENDERED[key]
+
+
+def _build(tree: Path, overlay: str) -> list[dict[str, Any]]:
+    name, _, component = overlay.partition("+")
+    if not component:
+        return _kustomize(tree / "overlays" / name)
+    with tempfile.TemporaryDirectory(prefix="hcs-overlay-", dir=tree / "overlays") as tmp:
+        (Path(tmp) / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [f"../{name}"],
+                    "components": [f"../../components/{component}"],
+                }
+            )
+        )
+        return _kustomize(Path(tmp))
+
+
+def _kustomize(folder: Path) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(folder)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:

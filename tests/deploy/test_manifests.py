@@ -54,7 +54,7 @@ def test_every_built_in_object_is_valid_for_kubernetes_1_30(overlay: str) -> Non
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_third_party_objects_have_their_required_fields(overlay: str) -> None:
-    objects = render(overlay)
+    objects = render(f"{overlay}+monitoring")
     for monitor in by_kind(objects, "ServiceMonitor").values():
         assert monitor["spec"]["selector"]["matchLabels"] and monitor["spec"]["endpoints"]
         assert all(e["port"] for e in monitor["spec"]["endpoints"])

@@ -122,3 +122,27 @@ async def test_the_mirror_writes_a_busy_node_at_most_once_per_interval_but_keeps
     finally:
         await mirror.stop()
     assert 1 <= mirror.writes <= 3
+
+
+async def test_nodes_arriving_while_a_write_is_under_way_are_written_too(
+    bus: Bus, kube: Kube, apiserver: ApiServer
+) -> None:
+    """Found on a real cluster: a node first seen during another node's write
+    had no write time yet and crashed the write loop (KeyError), so no other
+    ComputeNode was ever written."""
+    mirror = Mirror(bus, kube, min_interval_s=0.3)
+    await mirror.start()
+    names = [f"burst-{n}" for n in range(12)]
+    try:
+        await bus.publish_window([(subjects.fp(n), fingerprint(n, seq=1), f"{n}:1") for n in names])
+        # The object is created first and its status written after: wait on both.
+        await until(
+            lambda: all(
+                apiserver.computenodes.get(n, {}).get("status", {}).get("observedSeq") == 1
+                for n in names
+            ),
+            timeout_s=10,
+        )
+    finally:
+        await mirror.stop()
+    assert set(names) <= set(apiserver.computenodes)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
 from hcs_bus.messages import (
     AllocationEvent,
@@ -14,8 +20,22 @@ from hcs_bus.messages import (
     PodRef,
     Telemetry,
 )
-from healer import rules
+from healer import healing, rules
 from tests.apiserver import apiserver, kube  # noqa: F401  (fixtures)
+
+
+@pytest.fixture
+def healer_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The log events of ``healer.healing``, as dicts, info level included."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with capture_logs() as entries:
+            # a fresh proxy: the cached module logger would bypass the capture
+            monkeypatch.setattr(healing, "_log", structlog.get_logger("hcs.healer"))
+            yield entries
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -321,6 +321,7 @@ async def test_the_breaker_alerts_instead_of_isolating_too_many_nodes(
     for node in nodes[:4]:
         await publish(bus, health(node, code=79, device=0), subjects.health(node))
     await wait_until(lambda: len([a for a in alerts if a["kind"] == "breaker_open"]) == 2)
+    await wait_until(lambda: sum(our_taint(apiserver, n) is not None for n in nodes) >= 2)
     tainted = [n for n in nodes if our_taint(apiserver, n) is not None]
     assert len(tainted) == 2
     assert {a["node"] for a in alerts if a["kind"] == "breaker_open"} == set(nodes[:4]) - set(

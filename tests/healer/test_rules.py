@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from hcs_bus.messages import Telemetry
@@ -58,21 +59,31 @@ def test_application_xids_never_isolate_a_device(code: int, small_rules: rules.R
     assert (j.verdict, j.health_score) == ("healthy", 100)
 
 
-@pytest.mark.parametrize("partner", [63, 64])
-def test_xid_48_fails_only_with_a_row_remap_event_in_the_window(
-    partner: int, small_rules: rules.Rules
+@pytest.mark.parametrize("code", [48, 64])
+def test_a_double_bit_ecc_or_a_failed_row_remap_fails_the_device_alone(
+    code: int, small_rules: rules.Rules
 ) -> None:
-    history = DeviceHistory("n1", 0)
-    assert rules.judge(history, health(code=48), now=0.0, rules=small_rules).verdict == "healthy"
-    j = rules.judge(history, health(code=partner), now=5.0, rules=small_rules)
-    assert j.verdict == "failed" and "48" in str(j.evidence["why"])
+    j = rules.judge(DeviceHistory("n1", 0), health(code=code), now=0.0, rules=small_rules)
+    assert j.verdict == "failed" and j.evidence["class"] == "fatal"
 
 
-def test_xid_48_and_63_far_apart_do_not_fail(small_rules: rules.Rules) -> None:
+def test_a_recorded_row_remap_only_warns(small_rules: rules.Rules) -> None:
     history = DeviceHistory("n1", 0)
-    rules.judge(history, health(code=48), now=0.0, rules=small_rules)
-    j = rules.judge(history, health(code=63), now=5000.0, rules=small_rules)
-    assert j.verdict == "healthy"
+    j = rules.judge(history, health(code=63), now=0.0, rules=small_rules)
+    assert (j.verdict, j.evidence["class"]) == ("healthy", "warning")
+    assert j.health_score < 100
+
+
+def test_a_configured_xid_pair_fails_only_within_its_window(small_rules: rules.Rules) -> None:
+    paired = msgspec.structs.replace(
+        small_rules, xid=msgspec.structs.replace(small_rules.xid, pairs={"63": [92]})
+    )
+    near, far = DeviceHistory("n1", 0), DeviceHistory("n1", 1)
+    rules.judge(near, health(code=63), now=0.0, rules=paired)
+    rules.judge(far, health(code=63), now=0.0, rules=paired)
+    j = rules.judge(near, health(code=92), now=5.0, rules=paired)
+    assert j.verdict == "failed" and "63" in str(j.evidence["why"])
+    assert rules.judge(far, health(code=92), now=5000.0, rules=paired).verdict == "healthy"
 
 
 def test_an_xid_92_storm_fails_but_a_few_do_not(small_rules: rules.Rules) -> None:

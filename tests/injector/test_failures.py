@@ -69,6 +69,7 @@ async def test_plan_refusal_is_denied_with_reason_and_rejections(
     assert "no class has 2 free devices" in message
     assert "nvidia/A100-80G: 0 nodes with 2 free" in message
     assert "huawei/Ascend910B2: substitution denied" in message
+    assert "(ai.compute/" in message  # names what the pod asked for
 
 
 def _without_request() -> bytes:

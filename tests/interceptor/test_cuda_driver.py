@@ -239,7 +239,11 @@ def test_quota_units_are_understood(vram: Env) -> None:
         ("2G", 2_000_000_000),
         ("0:1Ti", 1 << 40),
     ]:
-        r = vram.cli("cu.info", HCS_VRAM_QUOTA=quota, STUB_TOTAL_BYTES=str(2 << 40))
+        # a fresh accounting file each: a file keeps the smallest quota it saw
+        shm = vram.tmp_path / f"units-{len(quota)}-{quota.replace(':', '_')}.shm"
+        r = vram.cli(
+            "cu.info", HCS_VRAM_QUOTA=quota, HCS_SHM_PATH=str(shm), STUB_TOTAL_BYTES=str(2 << 40)
+        )
         assert info(r)[1] == expected, quota
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from aiohttp import web
 
 from tests.kube.semantics import (
+    FIELDS,
     KINDS,
     QUANTITY,
     Obj,
@@ -199,25 +200,33 @@ def _list_body(server: ApiServer, resource: str, items: list[Obj], cont: str = "
     return {"apiVersion": api_version, "kind": f"{kind}List", "metadata": meta, "items": items}
 
 
-def _pods_matching(server: ApiServer, info: Info, query: Any) -> list[Obj]:
-    by_field = field_matcher(query.get("fieldSelector"))
+def _matcher(info: Info, query: Any) -> Callable[[Obj | None], bool]:
+    """Objects of ``info.resource`` in its namespace (if any) that the selectors match."""
+    by_field = field_matcher(query.get("fieldSelector"), fields=FIELDS[info.resource])
     by_label = label_matcher(query.get("labelSelector"))
-    return [
-        copy.deepcopy(pod)
-        for (ns, _), pod in sorted(server.pods.items())
-        if (info.namespace in (None, ns))
-        and by_field(pod)
-        and by_label(pod["metadata"].get("labels") or {})
-    ]
+    kind = KINDS[info.resource][1]
+
+    def match(obj: Obj | None) -> bool:
+        return (
+            obj is not None
+            and obj.get("kind") == kind
+            and info.namespace in (None, obj["metadata"].get("namespace"))
+            and by_field(obj)
+            and by_label(obj["metadata"].get("labels") or {})
+        )
+
+    return match
 
 
-async def _list_pods(server: ApiServer, request: web.Request, info: Info) -> web.Response:
-    pods = _pods_matching(server, info, request.query)
+async def _list(server: ApiServer, request: web.Request, info: Info) -> web.Response:
+    """List pods or nodes, paged by ``limit``/``continue``."""
+    match = _matcher(info, request.query)
+    found = [copy.deepcopy(o) for _, o in sorted(server.table(info.resource).items()) if match(o)]
     start = int(request.query.get("continue") or 0)
-    limit = int(request.query.get("limit") or 0) or len(pods) or 1
-    page = pods[start : start + limit]
-    more = str(start + limit) if start + limit < len(pods) else ""
-    return web.json_response(_list_body(server, "pods", page, more))
+    limit = int(request.query.get("limit") or 0) or len(found) or 1
+    page = found[start : start + limit]
+    more = str(start + limit) if start + limit < len(found) else ""
+    return web.json_response(_list_body(server, info.resource, page, more))
 
 
 async def _list_quotas(server: ApiServer, request: web.Request, info: Info) -> web.Response:
@@ -407,22 +416,16 @@ async def _update(server: ApiServer, request: web.Request, info: Info) -> web.Re
 # -- watch ----------------------------------------------------------------------------------
 
 
-async def _watch_pods(server: ApiServer, request: web.Request, info: Info) -> web.StreamResponse:
-    """?watch=true: JSON lines of {"type", "object"} from ``resourceVersion`` on."""
+async def _watch(server: ApiServer, request: web.Request, info: Info) -> web.StreamResponse:
+    """?watch=true on pods or nodes: JSON lines of {"type", "object"} from
+    ``resourceVersion`` on; with ``allowWatchBookmarks`` also the BOOKMARKs
+    that ``ApiServer.bookmark`` sends (an object carrying only the kind and
+    the current resourceVersion, as the real watch cache sends them)."""
     await server.watch_open.wait()
     query = request.query
-    by_field, by_label = (
-        field_matcher(query.get("fieldSelector")),
-        label_matcher(query.get("labelSelector")),
-    )
-
-    def match(pod: Obj | None) -> bool:
-        return (
-            pod is not None
-            and info.namespace in (None, pod["metadata"]["namespace"])
-            and by_field(pod)
-            and by_label(pod["metadata"].get("labels") or {})
-        )
+    match = _matcher(info, query)
+    bookmarks = query.get("allowWatchBookmarks", "").lower() in ("true", "1", "t")
+    api_version, kind = KINDS[info.resource]
 
     since = query.get("resourceVersion") or ""
     if since and not since.isdigit():
@@ -430,7 +433,7 @@ async def _watch_pods(server: ApiServer, request: web.Request, info: Info) -> we
     expired = since not in ("", "0") and int(since) < server.floor
     backlog: list[tuple[int, str, Obj, Obj | None]]
     if since in ("", "0"):
-        backlog = [(server.rv, "ADDED", p, None) for p in server.pods.values()]
+        backlog = [(server.rv, "ADDED", o, None) for o in server.table(info.resource).values()]
     else:
         backlog = [e for e in server.history if e[0] > int(since)]
     queue: asyncio.Queue[tuple[int, str, Obj, Obj | None] | None] = asyncio.Queue()
@@ -446,14 +449,19 @@ async def _watch_pods(server: ApiServer, request: web.Request, info: Info) -> we
             return resp
         for event in backlog:
             await _send(resp, event, match)
-        await _stream(resp, queue, match, float(query.get("timeoutSeconds") or 1800))
+        mark = {"apiVersion": api_version, "kind": kind} if bookmarks else None
+        await _stream(resp, queue, match, float(query.get("timeoutSeconds") or 1800), mark)
         return resp
     finally:
         server.watchers.discard(queue)
 
 
 async def _stream(
-    resp: web.StreamResponse, queue: asyncio.Queue[Any], match: Any, timeout_s: float
+    resp: web.StreamResponse,
+    queue: asyncio.Queue[Any],
+    match: Any,
+    timeout_s: float,
+    mark: Obj | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -464,6 +472,11 @@ async def _stream(
             return
         if event is None:
             return
+        if event[1] == "BOOKMARK":
+            if mark is not None:
+                obj = {**mark, "metadata": {"resourceVersion": str(event[0])}}
+                await resp.write(json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n")
+            continue
         await _send(resp, event, match)
 
 
@@ -489,9 +502,11 @@ ROUTES: dict[tuple[str, str, str], Callable[..., Any]] = {
     (CORE, "nodes", "get"): _get,
     (CORE, "nodes", "patch"): _patch,
     (CORE, "nodes/status", "patch"): _patch,
+    (CORE, "nodes", "list"): _list,
+    (CORE, "nodes", "watch"): _watch,
     (CORE, "pods", "get"): _get,
-    (CORE, "pods", "list"): _list_pods,
-    (CORE, "pods", "watch"): _watch_pods,
+    (CORE, "pods", "list"): _list,
+    (CORE, "pods", "watch"): _watch,
     (COORD, "leases", "get"): _get,
     (HCS, "computequotas", "list"): _list_quotas,
     (HCS, "computenodes", "get"): _get,

@@ -40,6 +40,11 @@ POD_FIELDS = {
     "status.phase": ("status", "phase"),
     "status.nominatedNodeName": ("status", "nominatedNodeName"),
 }
+NODE_FIELDS = {
+    "metadata.name": ("metadata", "name"),
+    "spec.unschedulable": ("spec", "unschedulable"),
+}
+FIELDS = {"pods": POD_FIELDS, "nodes": NODE_FIELDS}  # field selectors per listable resource
 
 
 class Problem(Exception):
@@ -244,22 +249,31 @@ def label_matcher(selector: str | None) -> Callable[[dict[str, str]], bool]:
     return lambda labels: all(_label_term_holds(t, labels) for t in terms)
 
 
-def field_matcher(selector: str | None) -> Callable[[Obj], bool]:
-    """Pod field selectors: ``spec.nodeName=x``, ``status.phase!=Succeeded``, ..."""
+def field_matcher(
+    selector: str | None, *, fields: dict[str, tuple[str, str]] = POD_FIELDS
+) -> Callable[[Obj], bool]:
+    """Field selectors: ``spec.nodeName=x``, ``status.phase!=Succeeded`` (pods),
+    ``metadata.name=n`` (nodes), ... — only the ``fields`` the server supports."""
     terms: list[tuple[str, str, bool, str]] = []
     for term in _split_terms(selector or ""):
         m = re.fullmatch(r"([\w.]+)\s*(==|=|!=)\s*(.*)", term)
-        if not m or m[1] not in POD_FIELDS:
+        if not m or m[1] not in fields:
             raise Problem(400, "BadRequest", f'field label not supported: "{term}"')
-        terms.append((*POD_FIELDS[m[1]], m[2] == "!=", m[3]))
+        terms.append((*fields[m[1]], m[2] == "!=", m[3]))
 
     def matches(obj: Obj) -> bool:
         return all(
-            (str(obj.get(section, {}).get(field) or "") == value) != negate
+            (_field_text(obj.get(section, {}).get(field)) == value) != negate
             for section, field, negate, value in terms
         )
 
     return matches
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value or "")
 
 
 def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:

@@ -40,6 +40,20 @@ async def _watch(k: Kube, s: ApiServer) -> object:
     return await asyncio.wait_for(until_r(), 5)
 
 
+async def _watch_nodes(k: Kube, s: ApiServer) -> object:
+    """List (n), then see m, added afterwards, through the watch."""
+
+    async def until_m() -> object:
+        async for _, node in k.watch_nodes():
+            if node["metadata"]["name"] == "n":
+                s.add_node("m")
+            if node["metadata"]["name"] == "m":
+                return node
+        return None
+
+    return await asyncio.wait_for(until_m(), 5)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -55,6 +69,7 @@ SCENARIOS: dict[str, Scenario] = {
     "get_pod": lambda k, s: k.get_pod(NS, "p"),
     "list_pods": lambda k, s: k.list_pods(namespace=NS),
     "watch_pods": _watch,
+    "watch_nodes": _watch_nodes,
     "get_lease": lambda k, s: k.get_lease(NS, "l"),
     "create_lease": lambda k, s: k.create_lease(NS, {**LEASE, "metadata": {"name": "new"}}),
     "replace_lease": lambda k, s: k.replace_lease(NS, "l", copy.deepcopy(s.leases[(NS, "l")])),

@@ -11,12 +11,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from hcs_bus import profiles, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import Compute, DeviceFingerprint, Link, NodeFingerprint
 from scheduler.state import ClusterState
 
-K8S = Path("/work/shared/k8s")
+K8S = Path(__file__).with_name("wire")  # copies of the shared k8s/ extender documents
 DB = profiles.load()
 
 
@@ -84,6 +86,18 @@ async def publish_fleet(bus: Bus, *fps: NodeFingerprint) -> None:
         await bus.publish(subjects.fp(fp.node), fp, msg_id=msg_id)
 
 
+async def post(port: int, verb: str, body: Any) -> tuple[int, Any]:
+    """POST an extender verb; the status and the decoded answer (or its text)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://127.0.0.1:{port}/{verb}", data=data) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text)
+            except ValueError:
+                return resp.status, text
+
+
 async def until(predicate: Callable[[], object], *, timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not predicate():
@@ -107,7 +121,8 @@ def pod(
     if plan is not None:
         base["metadata"]["annotations"]["hcs.io/plan"] = json.dumps(plan)
     container = base["spec"]["containers"][0]
-    container["resources"]["requests"].update(requests or {})
+    container["resources"]["requests"].update(requests or {})  # extended resources:
+    container["resources"]["limits"].update(requests or {})  # the limit equals the request
     base["spec"]["priority"] = priority
     return base
 
@@ -130,12 +145,13 @@ A100_TWO = {
 
 
 class FakeKube:
-    """Records Bindings; serves pods and a pod watch from a queue."""
+    """Records Bindings; serves pods, and pod and node watches from queues."""
 
     def __init__(self) -> None:
         self.bindings: list[dict[str, Any]] = []
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.node_events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.quotas: dict[str, list[dict[str, Any]]] = {}
 
     async def bind_pod(
@@ -160,6 +176,18 @@ class FakeKube:
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         while True:
             yield await self.events.get()
+
+    async def watch_nodes(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        synced: asyncio.Event | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if synced is not None:  # an empty first list
+            synced.set()
+        while True:
+            yield await self.node_events.get()
 
     async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]:
         return self.quotas.get(namespace, [])

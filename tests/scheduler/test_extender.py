@@ -1,4 +1,4 @@
-"""The extender over HTTP against documents shaped like /work/shared/k8s."""
+"""The extender over HTTP against the extender wire documents in tests/scheduler/wire."""
 
 from __future__ import annotations
 
@@ -118,9 +118,6 @@ async def test_a_pod_with_requests_but_no_plan_annotation_gets_a_computed_plan(
     )
     status, out = await _post(sched.port, "filter", args)
     assert status == 200 and out["NodeNames"] == NAMES
-    too_big = _args("extender-filter-args-nodecache.json", requests={"ai.compute/acu": "5000"})
-    status, out = await _post(sched.port, "filter", too_big)
-    assert status == 200 and out["NodeNames"] is None and "largest" in out["Error"]
 
 
 async def test_malformed_arguments_get_400_with_the_reason(
@@ -131,7 +128,8 @@ async def test_malformed_arguments_get_400_with_the_reason(
     for verb, body in [
         ("filter", b"{not json"),
         ("filter", {"Pod": 3, "NodeNames": []}),
-        ("filter", {**good, "Extra": True}),
+        ("filter", {**good, "NodeNames": "gpu-node-a"}),
+        ("filter", b'{"Pod": {"metadata": {"name": "\xff"}}, "NodeNames": []}'),
         ("prioritize", {"NodeNames": ["a"]}),
         ("bind", {"PodName": "x"}),
         ("preempt", {"Pod": good["Pod"], "NodeNameToMetaVictims": {"a": {"Pods": 1}}}),
@@ -139,10 +137,6 @@ async def test_malformed_arguments_get_400_with_the_reason(
         status, text = await _post(sched.port, verb, body)
         assert status == 400, (verb, body)
         assert f"bad {verb} arguments" in text
-    bad_plan = _args("extender-filter-args-nodecache.json")
-    bad_plan["Pod"]["metadata"]["annotations"]["hcs.io/plan"] = '{"vendor": 1}'
-    status, out = await _post(sched.port, "filter", bad_plan)
-    assert status == 200 and "hcs.io/plan" in out["Error"]
 
 
 async def test_prioritize_scores_every_node_from_zero_to_ten(
@@ -283,3 +277,66 @@ async def test_an_internal_failure_is_answered_with_its_reason_never_a_bare_500(
     assert status == 200 and out["NodeNames"] is None and "exploded" in out["Error"]
     status, text = await _post(sched.port, "prioritize", args)
     assert status == 503 and "exploded" in text
+
+
+def _unresolvable_everywhere(out: dict[str, Any], *, names: list[str], words: str) -> None:
+    assert out["Error"] == "" and not out["FailedNodes"]
+    assert out["NodeNames"] == [] and out["Nodes"] is None
+    assert set(out["FailedAndUnresolvableNodes"]) == set(names)
+    assert all(words in why for why in out["FailedAndUnresolvableNodes"].values()), out
+
+
+async def test_a_pod_no_node_could_ever_hold_is_unresolvable_on_every_node_not_an_error(
+    bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
+) -> None:
+    apiserver.add_quota("tiny", "gpu", {"hard": {"ai.compute/vram": "1Gi"}})
+    sched = await _ready(bus, start_scheduler, kube)
+    nine = {**A100_TWO, "devices": 9}
+    absent = {**A100_TWO, "model": "B300"}
+    cases = [
+        (_args("extender-filter-args-nodecache.json", plan=nine), "pod needs 9"),
+        (_args("extender-filter-args-nodecache.json", plan=absent), "no nvidia/B300 devices"),
+        (  # a plan refused: no class can hold 5,000 ACU on one node
+            _args("extender-filter-args-nodecache.json", requests={"ai.compute/acu": "5000"}),
+            "largest",
+        ),
+        (  # a plan refused: the namespace's quota
+            _args("extender-filter-args-nodecache.json", requests={"ai.compute/vram": "16Gi"}),
+            "quota",
+        ),
+        (  # a pod HCS cannot read
+            _args("extender-filter-args-nodecache.json", requests={"ai.compute/acu": "1.5"}),
+            "whole number",
+        ),
+    ]
+    cases[3][0]["Pod"]["metadata"]["namespace"] = "tiny"
+    for args, words in cases:
+        status, out = await _post(sched.port, "filter", args)
+        assert status == 200
+        _unresolvable_everywhere(out, names=NAMES, words=words)
+    bad_plan = _args("extender-filter-args-nodecache.json")
+    bad_plan["Pod"]["metadata"]["annotations"]["hcs.io/plan"] = '{"vendor": 1}'
+    status, out = await _post(sched.port, "filter", bad_plan)
+    _unresolvable_everywhere(out, names=NAMES, words="hcs.io/plan")
+
+
+async def test_an_unresolvable_answer_with_full_node_objects_returns_an_empty_list(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    args = _args("extender-filter-args-gpu-pod-3-nodes.json", plan={**A100_TWO, "devices": 9})
+    status, out = await _post(sched.port, "filter", args)
+    assert status == 200 and out["Error"] == "" and out["NodeNames"] is None
+    assert out["Nodes"]["items"] == [] and set(out["FailedAndUnresolvableNodes"]) == set(NAMES)
+
+
+async def test_a_pod_that_fits_after_preemption_fails_resolvably_only_where_room_is_held(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    two = {**A100_TWO}  # gpu-node-b holds 7 of its 8 devices: preemption could free two
+    status, out = await _post(
+        sched.port, "filter", _args("extender-filter-args-nodecache.json", plan=two)
+    )
+    assert status == 200 and out["Error"] == ""
+    assert set(out["FailedNodes"]) == {"gpu-node-b"} and out["FailedAndUnresolvableNodes"] == {}

@@ -126,3 +126,13 @@ def test_render_plan_explains_the_choice_and_every_rejection() -> None:
     assert text.startswith("PLAN  1 × nvidia/T4 (slice)")
     for r in plan.rejected:
         assert r.reason in text
+
+
+def test_a_plan_carries_what_the_largest_node_of_its_class_advertises_to_its_kubelet() -> None:
+    plan = _plan(Requests(vram_mib=16384, acu=10))
+    assert plan.model == "T4"  # type: ignore[attr-defined]
+    t4 = DB.get("nvidia/T4")
+    assert plan.node_capacity == {  # type: ignore[attr-defined]
+        "ai.compute/vram": 4 * t4.vram_mib * 2**20,  # the agent's unit: bytes
+        "ai.compute/devices": 4,
+    }

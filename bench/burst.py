@@ -1,0 +1,372 @@
+"""Burst benchmark on a real cluster: ``python -m bench.burst [--pods N] [--nodes N]``.
+
+A real control plane with ``--nodes`` hollow kubelets (``HCS_KUBE_BIN``, see
+tests/e2e), the HCS parts as ``hcs up`` starts them and the project's
+kube-scheduler configuration. Two bursts of ``--pods`` pods, each created at
+once (``--workers`` concurrent clients), through the same kube-scheduler:
+
+* plain: each pod requests ``example.com/dev: 1``, a device-plugin-style
+  resource every node advertises; kube-scheduler never calls the extender
+  (``managedResources``), the webhook passes the pod through — the baseline;
+* hcs: each pod requests ``ai.compute/vram`` (vendor-neutral); the webhook
+  plans it, the extender filters, ranks and binds it.
+
+Printed per burst: pods/s (create of the first → Running of the last),
+create→Running p50/p99, pods still Pending when the burst settles with their
+reasons, devices double-booked (from the pods' ``hcs.io/*`` annotations
+against the agents' fingerprints) and the CPU seconds of each HCS process.
+Target: hcs pods/s ≥ 0.8 × plain, 0 double-booked, 0 Pending while capacity
+exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import http.client
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hcs_bus.settings import TelemetrySettings
+from hcs_bus.telemetry import configure
+from tests.e2e.api import ApiError, wait_for
+from tests.e2e.cluster import Cluster, find_binaries
+from tests.e2e.stack import Stack
+
+CLASSES = (
+    ("nvidia/A100-80G", "nvlink"),
+    ("nvidia/H100-SXM", "nvlink"),
+    ("huawei/Ascend910B2", "hccs"),
+    ("hygon/K100", "xgmi"),
+    ("cambricon/MLU370-X8", "mlulink"),
+)
+PLAIN = "example.com/dev"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def fleet_file(nodes: int, folder: Path) -> Path:
+    """``nodes`` nodes × 8 devices, the five classes in turn, two network groups."""
+    doc = {
+        "report_interval_s": 5,
+        "noise_pct": 0.5,
+        "seed": 3,
+        "nodes": [
+            {
+                "name": f"burst-{n:03d}",
+                "network_group": f"ng-{n % 2}",
+                "devices": {"model": CLASSES[n % len(CLASSES)][0], "count": 8},
+                "topology": CLASSES[n % len(CLASSES)][1],
+            }
+            for n in range(nodes)
+        ],
+    }
+    path = folder / "burst-fleet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+class Watcher(threading.Thread):
+    """Watches a namespace's pods; records when each was first seen Running."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.namespace = cluster, namespace
+        self.running_at: dict[str, float] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+        self.stopping = False
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                self._watch()
+            except (OSError, http.client.HTTPException, ValueError):
+                time.sleep(0.2)
+
+    def _watch(self) -> None:
+        api = self.cluster.api
+        conn = http.client.HTTPSConnection(api.host, api.port, context=api._ssl, timeout=30)
+        conn.request("GET", f"/api/v1/namespaces/{self.namespace}/pods?watch=1&timeoutSeconds=25")
+        resp = conn.getresponse()
+        try:
+            while not self.stopping:
+                line = resp.readline()
+                if not line:
+                    return
+                event = json.loads(line)
+                pod = event.get("object", {})
+                name = pod.get("metadata", {}).get("name")
+                if not name:
+                    continue
+                self.last[name] = pod
+                if pod.get("status", {}).get("phase") == "Running":
+                    self.running_at.setdefault(name, time.monotonic())
+        finally:
+            conn.close()
+
+
+def _pod(name: str, requests: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"bench": "burst"}},
+        "spec": {
+            "schedulerName": "hcs-scheduler",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/train:1",
+                    "resources": {"requests": requests, "limits": requests},
+                }
+            ],
+        },
+    }
+
+
+def cpu_s(pid: int) -> float:
+    """User+system CPU seconds of a process and its reaped children."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / TICKS
+
+
+def burst(
+    cluster: Cluster,
+    stack: Stack,
+    *,
+    label: str,
+    requests: dict[str, str],
+    pods: int,
+    workers: int,
+    settle_s: float,
+) -> dict[str, Any]:
+    namespace = cluster.namespace(f"burst-{label}")
+    watcher = Watcher(cluster, namespace)
+    watcher.start()
+    cpu_before = {n: cpu_s(p.popen.pid) for n, p in stack.parts.items()}
+    created_at: dict[str, float] = {}
+    errors: list[str] = []
+
+    def create(i: int) -> None:
+        name = f"{label}-{i:04d}"
+        try:
+            cluster.api.create(_pod(name, requests), namespace=namespace)
+            created_at[name] = time.monotonic()
+        except ApiError as exc:
+            errors.append(f"{name}: {exc}")
+
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(create, range(pods)))
+    created_s = time.monotonic() - start
+    last_progress, seen = time.monotonic(), 0
+    while len(watcher.running_at) < len(created_at):
+        if len(watcher.running_at) != seen:
+            seen, last_progress = len(watcher.running_at), time.monotonic()
+        if time.monotonic() - last_progress > settle_s:
+            break
+        time.sleep(0.25)
+    watcher.stopping = True
+    cpu = {n: cpu_s(p.popen.pid) - cpu_before.get(n, 0.0) for n, p in stack.parts.items()}
+    items = cluster.api.items(f"/api/v1/namespaces/{namespace}/pods")
+    latencies = sorted(
+        watcher.running_at[n] - created_at[n] for n in watcher.running_at if n in created_at
+    )
+    done = max(watcher.running_at.values(), default=start)
+    pending = [p for p in items if p.get("status", {}).get("phase") != "Running"]
+    return {
+        "label": label,
+        "pods": pods,
+        "created_s": created_s,
+        "running": len(watcher.running_at),
+        "pods_per_s": len(watcher.running_at) / max(done - start, 1e-9),
+        "p50_s": statistics.median(latencies) if latencies else float("nan"),
+        "p99_s": latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan"),
+        "pending": len(pending),
+        "pending_reasons": _reasons(pending),
+        "create_errors": errors[:5],
+        "create_error_count": len(errors),
+        "double_booked": double_booked(stack, items) if label == "hcs" else [],
+        "cpu_s": cpu,
+        "namespace": namespace,
+    }
+
+
+def clear(cluster: Cluster, namespace: str) -> None:
+    """Delete a burst's namespace and wait until its pods are gone (the next
+    burst must not pay for this one's pods on the kubelets)."""
+    cluster.api.delete(f"/api/v1/namespaces/{namespace}")
+    wait_for(
+        lambda: not cluster.api.items(f"/api/v1/namespaces/{namespace}/pods?limit=1"),
+        what=f"pods of {namespace} deleted",
+        timeout_s=300,
+    )
+
+
+def _reasons(pending: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    counts: collections.Counter[str] = collections.Counter()
+    for pod in pending:
+        status = pod.get("status", {})
+        message = status.get("reason") or ""
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                message = cond.get("message") or cond.get("reason") or ""
+        counts[message[:160] or status.get("phase", "?")] += 1
+    return [(n, why) for why, n in counts.most_common(5)]
+
+
+def double_booked(stack: Stack, pods: list[dict[str, Any]]) -> list[str]:
+    """Devices whose granted slices (from the pods' annotations) exceed their VRAM."""
+    used: dict[tuple[str, str], int] = collections.defaultdict(int)
+    for pod in pods:
+        node = pod.get("spec", {}).get("nodeName")
+        notes = pod.get("metadata", {}).get("annotations") or {}
+        devices = notes.get("hcs.io/devices")
+        if not node or not devices:
+            continue
+        quotas = [
+            q.split(":", 1)[1] for q in notes.get("hcs.io/vram-quota", "").split(",") if ":" in q
+        ]
+        for device, quota in zip(devices.split(","), quotas, strict=False):
+            used[(node, device)] += int(quota.removesuffix("Mi"))
+    capacity: dict[tuple[str, str], int] = {}
+    for fp in stack.fingerprints({n for n, _ in used}).values():
+        node = fp.node
+        for d in fp.devices:
+            capacity[(node, d.uuid or str(d.index))] = d.vram_total_mib
+            capacity.setdefault((node, str(d.index)), d.vram_total_mib)
+    return [
+        f"{node}/{dev}: {mib} MiB granted of {capacity.get((node, dev), 0)}"
+        for (node, dev), mib in used.items()
+        if mib > capacity.get((node, dev), 0)
+    ]
+
+
+def advertise_plain(cluster: Cluster, names: list[str], *, per_node: int) -> None:
+    for name in names:
+        ops = [
+            {
+                "op": "add",
+                "path": f"/status/capacity/{PLAIN.replace('/', '~1')}",
+                "value": str(per_node),
+            }
+        ]
+        cluster.api.patch(f"/api/v1/nodes/{name}/status", ops, kind="json")
+    wait_for(
+        lambda: all(
+            cluster.api.get(f"/api/v1/nodes/{n}")["status"].get("allocatable", {}).get(PLAIN)
+            for n in names
+        ),
+        what=f"{PLAIN} in every node's allocatable (kubelet status sync)",
+        timeout_s=60,
+    )
+
+
+def wait_labelled(cluster: Cluster, names: list[str]) -> None:
+    def ready() -> bool:
+        for node in cluster.api.items("/api/v1/nodes"):
+            if node["metadata"]["name"] in names:
+                alloc = node["status"].get("allocatable", {})
+                if "ai.compute/vram" not in alloc or "hcs.io/vendor" not in node["metadata"].get(
+                    "labels", {}
+                ):
+                    return False
+        return True
+
+    wait_for(ready, what="every node labelled with ai.compute/* in allocatable", timeout_s=120)
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    print()
+    print(
+        f"{'burst':<6} {'pods':>5} {'running':>8} {'pods/s':>8} {'p50 s':>7} {'p99 s':>7} {'pending':>8} {'double':>7} {'create s':>9}"
+    )
+    for r in results:
+        print(
+            f"{r['label']:<6} {r['pods']:>5} {r['running']:>8} {r['pods_per_s']:>8.1f} "
+            f"{r['p50_s']:>7.2f} {r['p99_s']:>7.2f} {r['pending']:>8} {len(r['double_booked']):>7} "
+            f"{r['created_s']:>9.1f}"
+        )
+    plain, hcs = results[0], results[1]
+    ratio = hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else float("nan")
+    print(f"\nratio hcs/plain pods/s: {ratio:.2f} (target >= 0.8)")
+    for r in results:
+        for count, why in r["pending_reasons"]:
+            print(f"  {r['label']} pending x{count}: {why}")
+        for line in r["double_booked"][:10]:
+            print(f"  {r['label']} double-booked: {line}")
+        if r["create_error_count"]:
+            print(
+                f"  {r['label']} create errors: {r['create_error_count']}, e.g. {r['create_errors'][:2]}"
+            )
+    print("\nCPU seconds of each HCS process during each burst:")
+    for r in results:
+        print(
+            f"  {r['label']}: " + ", ".join(f"{n} {s:.1f}" for n, s in sorted(r["cpu_s"].items()))
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__)
+    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=50, help="concurrent create clients")
+    parser.add_argument("--vram", default="16Gi", help="ai.compute/vram per HCS pod")
+    parser.add_argument(
+        "--settle-s", type=float, default=30.0, help="stop when no pod starts for this long"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the logs folder")
+    args = parser.parse_args(argv)
+    configure(TelemetrySettings(log_format="console", log_level="warning"), service="bench-burst")
+    bins = find_binaries()
+    if isinstance(bins, str):
+        print(f"bench.burst: {bins}", file=sys.stderr)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="hcs-burst-"))
+    cluster = Cluster(bins, root=root)
+    stack: Stack | None = None
+    try:
+        cluster.start()
+        fleet = fleet_file(args.nodes, root)
+        names = [n["name"] for n in yaml.safe_load(fleet.read_text())["nodes"]]
+        t0 = time.monotonic()
+        cluster.add_nodes(names)
+        print(f"{len(names)} hollow nodes Ready in {time.monotonic() - t0:.1f} s", flush=True)
+        stack = Stack(cluster, fleet=fleet, root=root)
+        stack.start()
+        wait_labelled(cluster, names)
+        advertise_plain(cluster, names, per_node=-(-args.pods // len(names)) + 2)
+        common = {"pods": args.pods, "workers": args.workers, "settle_s": args.settle_s}
+        results = [burst(cluster, stack, label="plain", requests={PLAIN: "1"}, **common)]
+        clear(cluster, results[0]["namespace"])
+        results.append(
+            burst(cluster, stack, label="hcs", requests={"ai.compute/vram": args.vram}, **common)
+        )
+        report(results)
+    finally:
+        if stack is not None:
+            stack.stop()
+        cluster.stop()
+        if args.keep:
+            print(f"logs: {root / 'logs'}")
+        else:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The words every part shares (pure): ``hcs.io/*`` names, health kinds, Xids.
+
+* **Names.** Every ``hcs.io/*`` annotation, label and taint key, spelled once.
+* **Health kinds.** ``Kind`` enumerates every ``HealthEvent.kind`` an agent,
+  a kernel probe, the simulator or the healer emits; ``KIND_CLASSES`` says how
+  the healer takes each one: ``fatal`` (the device fails at once), ``warning``
+  (counted, lowers the score, a burst degrades) or ``info`` (never acted on).
+  Rules that look past one event (thresholds, storms, fatal at a severity)
+  live in ``healer/data/rules.yaml``.
+* **Xids.** One NVIDIA Xid table (``hcs_bus/data/xids.json``, each entry with
+  its source in NVIDIA's documentation): the agent stamps ``xid_severity`` on
+  what it emits and the healer classifies a lone Xid by ``xid_class``; both
+  read the same entry, so the alert feed and the healer cannot disagree.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from importlib import resources
+from types import MappingProxyType
+from typing import Final, Literal
+
+import msgspec
+
+from hcs_bus.messages import Severity
+
+__all__ = [
+    "KIND_CLASSES",
+    "PREFIX",
+    "XIDS",
+    "HealthClass",
+    "Kind",
+    "XidEntry",
+    "kind_class",
+    "xid_class",
+    "xid_severity",
+]
+
+PREFIX: Final = "hcs.io/"
+
+# -- pod annotations: written by users (the injector lets them) ----------------
+VENDORS: Final = "hcs.io/vendors"
+MODELS: Final = "hcs.io/models"
+SUBSTITUTION: Final = "hcs.io/substitution"
+JOB: Final = "hcs.io/job"
+TOPOLOGY: Final = "hcs.io/topology"
+REBIND: Final = "hcs.io/rebind"
+ENGINE: Final = "hcs.io/engine"
+FRAMEWORK: Final = "hcs.io/framework"
+CODE_PATH: Final = "hcs.io/code-path"
+ENGINE_PARAM_PREFIX: Final = "hcs.io/engine-"
+
+# -- pod annotations: written by HCS only --------------------------------------
+PLAN: Final = "hcs.io/plan"
+PLAN_SIG: Final = "hcs.io/plan-sig"
+DEVICES: Final = "hcs.io/devices"
+VRAM_QUOTA: Final = "hcs.io/vram-quota"
+RESUME_FROM: Final = "hcs.io/resume-from"
+COLLECTIVE_P2P_DISABLE: Final = "hcs.io/collective-p2p-disable"
+COLLECTIVE_IB_DISABLE: Final = "hcs.io/collective-ib-disable"
+COLLECTIVE_INTRA_PCIE: Final = "hcs.io/collective-intra-pcie"
+COLLECTIVE_INTRA_ROCE: Final = "hcs.io/collective-intra-roce"
+
+# -- node labels and taints ------------------------------------------------------
+VENDOR_LABEL: Final = "hcs.io/vendor"
+MODEL_LABEL: Final = "hcs.io/model"
+NETWORK_GROUP_LABEL: Final = "hcs.io/network-group"
+RDMA_FABRIC_LABEL: Final = "hcs.io/rdma-fabric"
+NATS_NKEY_LABEL: Final = "hcs.io/nats-nkey"
+UNHEALTHY_TAINT: Final = "hcs.io/unhealthy"
+
+HealthClass = Literal["fatal", "warning", "info"]
+
+
+class Kind(enum.StrEnum):
+    """Every health event kind; a member is its own wire string."""
+
+    # NVIDIA (NVML events, kernel probes, simulator)
+    XID = "xid"
+    SXID = "sxid"
+    ECC_CORRECTED = "ecc_corrected"
+    ECC_UNCORRECTED = "ecc_uncorrected"
+    # device presence and state changes (agents.changes, simulator)
+    DEVICE_LOST = "device_lost"
+    FALLEN_OFF_BUS = "fallen_off_bus"
+    DEVICE_ADDED = "device_added"
+    DEVICE_UNREADABLE = "device_unreadable"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    THERMAL_THROTTLE = "thermal_throttle"
+    THERMAL_THROTTLE_CLEARED = "thermal_throttle_cleared"
+    HEALTH_DEGRADED = "health_degraded"
+    RECOVERED = "recovered"
+    # the agent itself (agents.detecting, agents.backstop)
+    DETECTOR_ERROR = "detector_error"
+    DETECTOR_RECOVERED = "detector_recovered"
+    VRAM_OVER_QUOTA = "vram_over_quota"
+    # PCIe AER and vendor driver faults (kernel probes)
+    AER_CORRECTABLE = "aer_correctable"
+    AER_NONFATAL = "aer_nonfatal"
+    AER_FATAL = "aer_fatal"
+    ASCEND_FAULT = "ascend_fault"
+    ASCEND_HEALTH = "ascend_health"
+    HYGON_FAULT = "hygon_fault"
+    CAMBRICON_FAULT = "cambricon_fault"
+    TEST_PROBE = "test_probe"
+    # telemetry signal names the healer also accepts as event kinds
+    REMAP_FAILED = "remap_failed"
+    REMAP_PENDING = "remap_pending"
+    RETIRED_PAGES = "retired_pages"
+    PCIE_REPLAY = "pcie_replay"
+    NVLINK_DOWN = "nvlink_down"
+    HCCS_DOWN = "hccs_down"
+    THERMAL = "thermal"
+    POWER = "power"
+    THROTTLE = "throttle"
+    # the healer's own events (ignored by its judge, read by subscribers)
+    VERDICT = "verdict"
+    ACTION = "action"
+    BREAKER_OPEN = "breaker_open"
+
+
+_FATAL = (
+    Kind.DEVICE_LOST,
+    Kind.FALLEN_OFF_BUS,
+    Kind.ROW_REMAP_FAILURE,
+    Kind.REMAP_FAILED,
+    Kind.AER_FATAL,
+    Kind.NVLINK_DOWN,
+    Kind.HCCS_DOWN,
+)
+_INFO = (
+    Kind.DEVICE_ADDED,
+    Kind.THERMAL_THROTTLE_CLEARED,
+    Kind.RECOVERED,
+    Kind.DETECTOR_RECOVERED,
+    Kind.VRAM_OVER_QUOTA,  # the pod overran its quota; the device is fine
+    Kind.TEST_PROBE,
+    Kind.VERDICT,
+    Kind.ACTION,
+    Kind.BREAKER_OPEN,
+)
+
+KIND_CLASSES: Final[Mapping[str, HealthClass]] = MappingProxyType(
+    {
+        kind.value: ("fatal" if kind in _FATAL else "info" if kind in _INFO else "warning")
+        for kind in Kind
+    }
+)
+
+
+def kind_class(kind: str) -> HealthClass | None:
+    """How the healer takes one event of ``kind``; None for a kind nobody emits."""
+    return KIND_CLASSES.get(kind)
+
+
+class XidEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One Xid code: its class, what it is, and where the class comes from."""
+
+    cls: HealthClass = msgspec.field(name="class")
+    what: str
+    source: str
+
+
+class _XidTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    doc: str
+    default: HealthClass
+    codes: dict[int, XidEntry]
+
+
+def _load_xids() -> _XidTable:
+    text = (resources.files("hcs_bus") / "data" / "xids.json").read_bytes()
+    return msgspec.json.decode(text, type=_XidTable, strict=False)
+
+
+_XID_TABLE: Final = _load_xids()
+XIDS: Final[Mapping[int, XidEntry]] = MappingProxyType(_XID_TABLE.codes)
+XID_FATAL: Final = frozenset(c for c, e in XIDS.items() if e.cls == "fatal")
+XID_INFO: Final = frozenset(c for c, e in XIDS.items() if e.cls == "info")
+
+
+def xid_class(code: int) -> HealthClass:
+    """The class of one Xid code (unlisted codes: the table's default)."""
+    entry = XIDS.get(code)
+    return entry.cls if entry is not None else _XID_TABLE.default
+
+
+def xid_severity(code: int) -> Severity:
+    """The severity an agent stamps on an Xid event: its class."""
+    return xid_class(code)

@@ -1,0 +1,224 @@
+"""The HCS parts on a real test cluster, started as ``hcs up`` starts them.
+
+A nats-server with a temporary store; the parts' argv and environment from
+``hcs.up`` (the simulated fleet mapped onto the hollow nodes by name); each
+part authenticates as its own ServiceAccount with the project's RBAC from
+``deploy/base`` (so a missing rule fails here, as it would in a cluster); the
+project's MutatingWebhookConfiguration with the injector's URL and caBundle;
+the project's kube-scheduler configuration pointing at the extender. The
+healer runs armed (not dry run) with leader election on a real Lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import sys
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from hcs.up import UpOptions, part_env, parts
+from hcs_bus import checkpoint, messages, streams, subjects
+from hcs_bus.bus import Bus, connect
+from hcs_bus.messages import NodeFingerprint
+from hcs_bus.natsserver import NatsServer
+from hcs_bus.settings import Settings, replace
+from injector.certs import make_dev_certs
+from tests.e2e.api import wait_for
+from tests.e2e.cluster import ROOT, Cluster
+from tests.e2e.processes import Process, free_port
+
+T = TypeVar("T")
+DEPLOY = ROOT / "deploy"
+WEBHOOK_CONFIG = DEPLOY / "webhook" / "mutating-webhook-configuration.yaml"
+RBAC_FILES = [
+    DEPLOY / "base" / part / "rbac.yaml"
+    for part in ("agent", "scheduler", "injector", "healer", "mirror", "kube-scheduler")
+]
+CRD_FILES = sorted((DEPLOY / "base" / "crds").glob("*.yaml"))
+# part -> ServiceAccount it runs as in deploy/base
+ACCOUNTS = {
+    "agents": "hcs-agent",
+    "scheduler": "hcs-scheduler",
+    "injector": "hcs-injector",
+    "healer": "hcs-healer",
+    "mirror": "hcs-mirror",
+}
+RUNTIME_CLASSES = ("nvidia", "ascend", "hygon", "cambricon", "mthreads", "iluvatar")
+
+
+class Stack:
+    """The HCS parts around one ``Cluster``."""
+
+    def __init__(self, cluster: Cluster, *, fleet: Path, root: Path) -> None:
+        self.cluster = cluster
+        self.fleet = fleet
+        self.root = root
+        self.nats = NatsServer(store_dir=root / "nats")
+        self.parts: dict[str, Process] = {}
+        self.extender_port = free_port()
+        self.webhook_port = free_port()
+        self.settings = Settings()
+        self.env: dict[str, str] = {}
+
+    @property
+    def extender_url(self) -> str:
+        return f"http://127.0.0.1:{self.extender_port}"
+
+    def start(self) -> None:
+        self.nats.start()
+        self.settings = replace(
+            Settings(),
+            bus={"url": self.nats.url},
+            scheduler={"extender_host": "127.0.0.1", "extender_port": self.extender_port},
+            injector={"host": "127.0.0.1", "port": self.webhook_port},
+        )
+        self.on_bus(lambda bus: streams.init(bus, self.settings.bus))
+        api = self.cluster.api
+        api.apply_yaml(CRD_FILES)
+        api.apply_yaml(RBAC_FILES, namespace="hcs-system")
+        api.apply_yaml(
+            sorted((DEPLOY / "kube-system").glob("*.yaml")), skip_kinds=["Kustomization"]
+        )
+        for name in RUNTIME_CLASSES:
+            api.apply(
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": name},
+                    "handler": name,
+                }
+            )
+        wait_for(
+            lambda: all(self._crd_established(f) for f in CRD_FILES),
+            what="HCS CRDs established",
+            timeout_s=30,
+        )
+        certs = make_dev_certs(self.root / "certs", dns=["localhost"], ips=["127.0.0.1"])
+        self.env = part_env(self.settings, certs_dir=self.root / "certs")
+        self.env["HCS_TELEMETRY__LOG_LEVEL"] = "info"
+        options = UpOptions(
+            nats_url=self.nats.url,
+            fleet=self.fleet,
+            for_s=None,
+            extender=f"127.0.0.1:{self.extender_port}",
+            webhook=f"127.0.0.1:{self.webhook_port}",
+            state_dir=self.root,
+        )
+        argv = {p.name: p.argv for p in parts(options)}
+        argv["mirror"] = [sys.executable, "-m", "scheduler.mirroring"]
+        for name, command in argv.items():
+            self.start_part(name, command)
+        wait_for(
+            self._extender_ready, what="the extender's /readyz", timeout_s=60, explain=self.why
+        )
+        self._apply_webhook(certs.ca_bundle_b64)
+        scheduler_kubeconfig = self.cluster.service_account_kubeconfig(
+            "hcs-system", "hcs-kube-scheduler"
+        )
+        self.cluster.start_scheduler(
+            extender_url=self.extender_url, kubeconfig=scheduler_kubeconfig
+        )
+
+    def part_environment(self, name: str, **extra: str) -> dict[str, str]:
+        env = dict(self.env)
+        account = ACCOUNTS.get(name.split("-")[0])
+        if account:
+            env["HCS_KUBE__MODE"] = "kubeconfig"
+            env["HCS_KUBE__KUBECONFIG"] = str(
+                self.cluster.service_account_kubeconfig("hcs-system", account)
+            )
+        if name.startswith("healer"):
+            env["HCS_HEALER__DRY_RUN"] = "false"
+            env["HCS_HEALER__LEASE_NAMESPACE"] = "hcs-system"
+            env["HCS_HEALER__RECOVERY_WINDOW_S"] = "30"  # failed nodes come back within a test
+        env.update(extra)
+        return env
+
+    def start_part(self, name: str, argv: list[str], **extra_env: str) -> Process:
+        process = Process(
+            name,
+            argv,
+            logs=self.root / "logs",
+            env=self.part_environment(name, **extra_env),
+            cwd=ROOT,
+        )
+        self.parts[name] = process
+        return process
+
+    def _crd_established(self, file: Path) -> bool:
+        name = yaml.safe_load(file.read_text())["metadata"]["name"]
+        crd = self.cluster.api.get(
+            f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+        )
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in crd.get("status", {}).get("conditions", [])
+        )
+
+    def _extender_ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.extender_url}/readyz", timeout=2) as resp:
+            return bool(resp.status == 200)
+
+    def _apply_webhook(self, ca_bundle_b64: str) -> None:
+        doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(WEBHOOK_CONFIG.read_text()))
+        for hook in doc["webhooks"]:
+            hook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{self.webhook_port}/mutate",
+                "caBundle": ca_bundle_b64,
+            }
+        assert base64.b64decode(ca_bundle_b64)
+        self.cluster.api.apply(doc)
+
+    def on_bus(self, use: Callable[[Bus], Awaitable[T]]) -> T:
+        """Run ``use(bus)`` on a connection of its own, as an outside client would."""
+
+        async def go() -> T:
+            bus = await connect(self.settings.bus, name="hcs-e2e-client")
+            try:
+                return await use(bus)
+            finally:
+                await bus.nc.close()
+
+        return asyncio.run(go())
+
+    def publish(self, subject: str, message: Any, *, msg_id: str) -> None:
+        """Publish one message into its stream as an agent or probe would."""
+        self.on_bus(lambda bus: bus.publish(subject, message, msg_id=msg_id))
+
+    def report_checkpoint(self, *, namespace: str, job: str, uri: str, step: int) -> None:
+        """What a training job's checkpoint hook does (``hcs_bus.checkpoint.report``)."""
+        self.on_bus(
+            lambda bus: checkpoint.report(bus, namespace=namespace, job=job, uri=uri, step=step)
+        )
+
+    def fingerprints(self, nodes: Iterable[str]) -> dict[str, NodeFingerprint]:
+        """The latest ``NodeFingerprint`` of each node, from stream HCS_FP."""
+        decode = messages.decoder_for(NodeFingerprint).decode
+
+        async def read(bus: Bus) -> dict[str, NodeFingerprint]:
+            return {
+                node: decode((await bus.js.get_last_msg(streams.FP, subjects.fp(node))).data)
+                for node in nodes
+            }
+
+        return self.on_bus(read)
+
+    def fingerprint(self, node: str) -> NodeFingerprint:
+        return self.fingerprints([node])[node]
+
+    def why(self) -> str:
+        """Which part died, with its last log lines (for failure messages)."""
+        dead = [p for p in self.parts.values() if not p.alive]
+        return "\n".join(str(p.failure("stopped")) for p in dead) or "all HCS parts alive"
+
+    def stop(self) -> None:
+        from tests.e2e.processes import stop_all
+
+        stop_all(list(self.parts.values()))
+        self.nats.cleanup()

@@ -1,0 +1,96 @@
+"""The agent on a real cluster in node mode (the vendor tool's recorded output
+on PATH), and ComputeNode status on the real CRD."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.api import wait_for
+from tests.e2e.cluster import Cluster
+from tests.e2e.conftest import FLEET
+from tests.e2e.stack import Stack
+from tests.e2e.workloads import Workloads, fleet_labelled
+
+FIXTURES = Path(__file__).resolve().parents[1] / "agents" / "fixtures"
+NODE = "npu-node-mode-0"
+
+
+def _fake_tool(folder: Path, name: str, fixture: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\ncat {fixture}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_a_node_mode_agent_labels_its_node_and_the_kubelet_admits_a_pod_there(
+    cluster: Cluster, stack: Stack, work: Workloads, tmp_path: Path
+) -> None:
+    cluster.add_nodes([NODE])
+    tools = tmp_path / "bin"
+    _fake_tool(tools, "npu-smi", FIXTURES / "npu-smi-info-910b.txt")
+    stack.start_part(
+        "agents-node",
+        [sys.executable, "-m", "agents", "--node", NODE],
+        PATH=f"{tools}{os.pathsep}{os.environ.get('PATH', '')}",
+        HCS_AGENT__MEASURE_ACU="false",
+    )
+    # the agent keeps running with the stack: a node whose agent stops is lost to
+    # the healer (NoExecute taint), which would use up the circuit breaker's budget
+
+    def advertised() -> dict[str, Any] | None:
+        node = work.node(NODE)
+        alloc = node["status"].get("allocatable", {})
+        labels = node["metadata"].get("labels", {})
+        if "ai.compute/vram" in alloc and labels.get("hcs.io/vendor") == "huawei":
+            return node
+        return None
+
+    node = wait_for(
+        advertised,
+        what=f"{NODE} labelled by its agent",
+        timeout_s=60,
+        explain=lambda: stack.why() + str(work.node(NODE)["status"].get("allocatable")),
+    )
+    alloc = node["status"]["allocatable"]
+    assert int(alloc["ai.compute/devices"]) == 8
+    assert (
+        int(alloc["ai.compute/vram"]) % (1024 * 1024) == 0
+        and int(alloc["ai.compute/vram"]) > 8 * 2**30
+    )
+    work.pod(
+        "on-npu",
+        {"ai.compute/vram": "16Gi"},
+        annotations={"hcs.io/vendors": "huawei"},
+        nodeSelector={"kubernetes.io/hostname": NODE},
+    )
+    pod = work.running("on-npu", timeout_s=60)
+    assert pod["spec"]["nodeName"] == NODE
+    env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "ASCEND_VISIBLE_DEVICES" in env
+
+
+def test_every_fleet_node_has_a_compute_node_with_its_devices(
+    stack: Stack, work: Workloads
+) -> None:
+    nodes = fleet_labelled(work, FLEET)
+
+    def mirrored(name: str) -> dict[str, Any] | None:
+        obj = work.api.get(f"/apis/hcs.io/v1alpha1/computenodes/{name}")
+        return obj if obj.get("status", {}).get("devices") else None
+
+    for name, node in nodes.items():
+        obj = wait_for(
+            lambda name=name: mirrored(name),
+            what=f"ComputeNode {name}",
+            timeout_s=30,
+            explain=stack.why,
+        )
+        status = obj["status"]
+        assert status["devices"] == int(node["status"]["allocatable"]["ai.compute/devices"])
+        assert status["vendor"] == node["metadata"]["labels"]["hcs.io/vendor"]
+        assert [d["index"] for d in status["deviceList"]] == list(range(status["devices"]))
+        assert all(d["health"] for d in status["deviceList"])

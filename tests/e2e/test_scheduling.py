@@ -1,0 +1,100 @@
+"""Vendor-neutral pods on a real control plane and real kubelets: the agent's
+Node labels and capacity, the webhook, the extender's filter/prioritize/bind,
+and the kubelet's own admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from injector import runtimes
+from tests.e2e.api import ApiError, wait_for
+from tests.e2e.conftest import FLEET
+from tests.e2e.stack import Stack
+from tests.e2e.workloads import Workloads, expected_capacity, fleet_labelled
+
+GI = 1024**3
+
+
+def test_the_agent_labels_every_node_and_writes_capacity_the_kubelet_accepts(
+    stack: Stack, work: Workloads
+) -> None:
+    expected = expected_capacity(FLEET)
+    nodes = fleet_labelled(work, FLEET)
+    for name, want in expected.items():
+        labels = nodes[name]["metadata"]["labels"]
+        alloc = nodes[name]["status"]["allocatable"]
+        assert int(alloc["ai.compute/vram"]) == want["vram"], name
+        assert int(alloc["ai.compute/devices"]) == want["devices"], name
+        assert abs(int(alloc["ai.compute/acu"]) - want["acu"]) <= 0.05 * want["acu"], name
+        assert labels["hcs.io/vendor"] and labels["hcs.io/model"], name
+
+
+@pytest.mark.parametrize(
+    "requests",
+    [
+        {"ai.compute/vram": "16Gi"},
+        {"ai.compute/acu": "50"},
+        {"ai.compute/tflops-fp16": "100"},
+        {"ai.compute/devices": "2"},
+    ],
+    ids=["vram", "acu", "tflops-fp16", "devices"],
+)
+def test_a_vendor_neutral_pod_is_admitted_scheduled_bound_and_running(
+    stack: Stack, work: Workloads, requests: dict[str, str]
+) -> None:
+    fleet_labelled(work, FLEET)
+    created = work.pod("job", requests)
+    assert created["spec"]["schedulerName"] == "hcs-scheduler"
+    pod = work.running("job")
+    annotations = pod["metadata"].get("annotations", {})
+    assert annotations.get("hcs.io/devices"), annotations
+    node = work.node(pod["spec"]["nodeName"])
+    vendor = node["metadata"]["labels"]["hcs.io/vendor"]
+    env = {e["name"] for e in pod["spec"]["containers"][0].get("env", [])}
+    wanted = set(runtimes.load().vendors[vendor].visible_devices_env)  # the injector's profile
+    assert wanted <= env, (vendor, wanted, env)
+
+
+def test_a_pod_the_kubelet_would_refuse_is_refused_by_the_webhook_naming_the_resource(
+    stack: Stack, work: Workloads
+) -> None:
+    fleet_labelled(work, FLEET)
+    with pytest.raises(ApiError) as refused:
+        work.pod("too-big", {"ai.compute/vram": "4Pi"})
+    assert 400 <= refused.value.status < 500
+    assert "ai.compute/vram" in str(refused.value), refused.value
+    with pytest.raises(ApiError) as fractional:
+        work.pod("fraction", {"ai.compute/acu": "500m"})
+    assert 400 <= fractional.value.status < 500
+    assert "ai.compute/acu" in str(fractional.value), fractional.value
+    assert not work.pods()  # nothing was created
+
+
+def test_the_hcs_kube_scheduler_authenticates_with_the_project_rbac(stack: Stack) -> None:
+    scheduler = stack.cluster.scheduler
+    assert scheduler is not None and scheduler.alive
+    wait_for(
+        lambda: "Serving securely" in scheduler.log.read_text(),
+        what="kube-scheduler serving its secure port",
+        timeout_s=30,
+    )
+    log = scheduler.log.read_text()  # the authentication config was read before serving
+    # without deploy/kube-system's RoleBinding: 'configmaps "extension-apiserver-authentication"
+    # is forbidden: User "system:serviceaccount:hcs-system:hcs-kube-scheduler" cannot get ...'
+    refused = [ln for ln in log.splitlines() if "forbidden" in ln.lower()]
+    assert not refused, refused[:5]
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "huawei", "hygon", "cambricon"])
+def test_a_pod_of_every_vendor_runs_with_its_runtime_and_device_nodes(
+    stack: Stack, work: Workloads, vendor: str
+) -> None:
+    fleet_labelled(work, FLEET)
+    work.pod("per-vendor", {"ai.compute/devices": "1"}, annotations={"hcs.io/vendors": vendor})
+    pod = work.running("per-vendor")
+    node = work.node(pod["spec"]["nodeName"])
+    assert node["metadata"]["labels"]["hcs.io/vendor"] == vendor
+    profile = runtimes.load().vendors[vendor]
+    assert pod["spec"].get("runtimeClassName") == profile.runtime_class
+    env = {e["name"] for e in pod["spec"]["containers"][0].get("env", [])}
+    assert set(profile.visible_devices_env) <= env

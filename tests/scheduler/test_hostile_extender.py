@@ -1,0 +1,257 @@
+"""The extender under hostile input: newer kube-schedulers' fields, absurd
+quantities, bodies over the limit, a 500k-name filter beside plan requests,
+and caches that stay bounded whatever names and demands arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from hcs_bus.bus import Bus
+from hcs_bus.messages import PlanRequest, PodRef, Policy, Requests
+from scheduler import extenders as wire
+from scheduler import placing
+from scheduler.caching import NodeCache, PodMemo
+from scheduler.extending import serve
+from scheduler.pods import PlanAnnotation, PodInfo
+from scheduler.serving import ask_plan
+from tests.scheduler.conftest import Start
+from tests.scheduler.helpers import (
+    A100_TWO,
+    k8s_doc,
+    node_fp,
+    pod,
+    post,
+    publish_fleet,
+    state_of,
+    until,
+)
+
+NAMES = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
+
+
+async def _ready(bus: Bus, start: Start) -> Any:
+    await publish_fleet(bus, *(node_fp(n) for n in NAMES))
+    sched = await start(bus)
+    await until(lambda: len(sched.view.state.nodes) == 3)
+    return sched
+
+
+def _filter_args(**pod_kw: Any) -> dict[str, Any]:
+    args = k8s_doc("extender-filter-args-nodecache.json")
+    args["Pod"] = pod("trainer", uid="uid-trainer", **pod_kw)
+    return args
+
+
+async def test_fields_a_newer_kube_scheduler_adds_are_ignored_on_every_verb(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    args = _filter_args(plan=A100_TWO)
+    args["FutureTopLevel"] = {"v": 2}
+    args["Pod"]["spec"]["futureSpecField"] = [1, 2]
+    status, out = await post(sched.port, "filter", args)
+    assert status == 200 and out["NodeNames"] == NAMES and out["Error"] == ""
+    status, out = await post(sched.port, "prioritize", args)
+    assert status == 200 and [h["Host"] for h in out] == NAMES
+    preempt = k8s_doc("extender-preempt-args-nodecache.json")
+    preempt["Pod"] = pod("trainer", plan=A100_TWO, priority=100)
+    preempt["FutureTopLevel"] = True
+    for victims in preempt["NodeNameToMetaVictims"].values():
+        victims["FutureVictimsField"] = "x"
+        for p in victims["Pods"]:
+            p["FuturePodField"] = 1
+    status, out = await post(sched.port, "preempt", preempt)
+    assert status == 200 and set(out) == {"NodeNameToMetaVictims"}
+    binding = {**k8s_doc("extender-binding-args.json"), "FutureBindingField": "x"}
+    status, out = await post(sched.port, "bind", binding)
+    assert status == 200 and set(out) == {"Error"}
+
+
+async def test_what_hcs_owns_inside_the_envelope_stays_strict(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    status, out = await post(sched.port, "filter", _filter_args(plan={**A100_TWO, "surprise": 1}))
+    assert status == 200 and out["NodeNames"] == []
+    reasons = out["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NAMES)
+    assert all("hcs.io/plan" in why and "surprise" in why for why in reasons.values())
+
+
+@pytest.mark.parametrize(
+    "quantity",
+    ['"1e400"', "1e400", '"nan"', '"inf"', '"1e9999999999"', '"-1e400"', "-1e400", '"1e-400Gi"'],
+)
+async def test_an_absurd_quantity_refuses_the_pod_by_resource_never_the_call(
+    bus: Bus, start_scheduler: Start, quantity: str
+) -> None:
+    """kube-scheduler wants HTTP 200 for a pod it may not place (DESIGN §6):
+    filter names the resource on every node, as unresolvable; prioritize
+    scores 0; preempt proposes nothing."""
+    sched = await _ready(bus, start_scheduler)
+    marker = "7357"
+    args = _filter_args(requests={"ai.compute/vram": marker})
+    text = json.dumps(args).replace(f'"{marker}"', quantity)  # bare JSON numbers too
+    assert text.count(quantity) == 2  # the request and the limit
+    status, out = await post(sched.port, "filter", text.encode())
+    assert status == 200, out
+    assert out["NodeNames"] == [] and out["Error"] == "" and not out["FailedNodes"]
+    reasons = out["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(NAMES)
+    assert all("ai.compute/vram" in why for why in reasons.values()), reasons
+    status, out = await post(sched.port, "prioritize", text.encode())
+    assert status == 200 and out == [{"Host": n, "Score": 0} for n in NAMES]
+    preempt = k8s_doc("extender-preempt-args-nodecache.json")
+    preempt["Pod"] = args["Pod"]
+    body = json.dumps(preempt).replace(f'"{marker}"', quantity).encode()
+    status, out = await post(sched.port, "preempt", body)
+    assert status == 200 and out == {"NodeNameToMetaVictims": {}}
+
+
+async def test_a_body_over_the_limit_gets_413_naming_the_limit(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    runner = await serve(sched.extender.app(max_body_bytes=4096), host="127.0.0.1", port=0)
+    try:
+        port = runner.addresses[0][1]
+        args = _filter_args(plan=A100_TWO)
+        args["NodeNames"] = [f"node-{i}" for i in range(1000)]
+        status, text = await post(port, "filter", args)
+        assert status == 413 and "4096 bytes" in text
+
+        async def chunked() -> Any:  # no Content-Length: the limit holds while reading
+            yield json.dumps(args).encode()
+
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{port}/filter", data=chunked()) as resp:
+                assert resp.status == 413 and "4096 bytes" in await resp.text()
+        status, out = await post(port, "filter", _filter_args(plan=A100_TWO))
+        assert status == 200 and out["NodeNames"] == NAMES
+    finally:
+        await runner.cleanup()
+
+
+async def test_plans_keep_answering_while_a_500k_name_filter_runs(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    args = _filter_args(plan=A100_TWO)
+    args["NodeNames"] = [*NAMES, *(f"fuzz-node-{i:06d}" for i in range(500_000))]
+    body = json.dumps(args).encode()
+    request = PlanRequest(namespace="ml", requests=Requests(vram_mib=16384))
+    assert (await ask_plan(bus, request, timeout_s=2)).ok
+    loop = asyncio.get_running_loop()
+
+    async def huge_filter() -> tuple[int, bytes]:
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{sched.port}/filter"
+            async with session.post(url, data=body) as resp:
+                return resp.status, await resp.read()
+
+    filtering = asyncio.create_task(huge_filter())
+    latencies: list[float] = []
+    while not filtering.done():
+        began = loop.time()
+        plan = await ask_plan(bus, request, timeout_s=5)
+        latencies.append(loop.time() - began)
+        assert plan.ok
+    status, raw = await filtering
+    assert status == 200
+    out = json.loads(raw)
+    assert out["NodeNames"] == NAMES and len(out["FailedAndUnresolvableNodes"]) == 500_000
+    assert len(latencies) >= 5, latencies  # plans were asked while the filter ran
+    assert max(latencies) < 1.0, max(latencies)
+
+
+async def test_many_demands_and_names_over_http_keep_only_known_nodes_in_bounded_caches(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    cache = sched.extender.cache
+    for i in range(100):
+        plan = {**A100_TWO, "devices": 1, "vram_mib_per_device": 1000 + i, "whole_device": False}
+        args = _filter_args(plan=plan)
+        args["Pod"]["metadata"]["uid"] = f"uid-{i}"
+        args["NodeNames"] = [*NAMES, *(f"ghost-{i}-{j}" for j in range(500))]
+        status, out = await post(sched.port, "filter", args)
+        assert status == 200 and out["NodeNames"] == NAMES
+    assert cache.demands == 64
+    assert cache.budget.used == 64 * len(NAMES)  # the ghosts were answered, never kept
+    assert len(sched.extender.pods) == 100
+
+
+def _demand(i: int) -> PlanAnnotation:
+    return PlanAnnotation(
+        vendor="nvidia",
+        model="A100-80G",
+        devices=1,
+        vram_mib_per_device=i,
+        whole_device=False,
+    )
+
+
+def test_demand_caches_hold_at_most_their_entry_budget_and_still_answer_past_it() -> None:
+    state = state_of(*(node_fp(f"n{i}") for i in range(40)))
+    cache = NodeCache(state, weights=_weights(), max_demands=8, max_entries=100)
+    names = [f"n{i}" for i in range(40)]
+    for i in range(50):
+        passed, failed, never = cache.of(_demand(1000 + i)).filter([*names, "ghost"])
+        assert passed == names and not failed and set(never) == {"ghost"}
+        held = sum(len(c.entries) for c in cache._by_demand.values())
+        assert cache.budget.used == held <= 100
+        assert cache.demands <= 8
+    for name in names:  # a change drops entries and gives their budget back
+        cache.changed(name)
+    assert cache.budget.used == 0
+
+
+def test_the_least_recently_used_demand_goes_first() -> None:
+    state = state_of(node_fp("n0"))
+    cache = NodeCache(state, weights=_weights(), max_demands=2)
+    first = cache.of(_demand(1))
+    cache.of(_demand(2))
+    assert cache.of(_demand(1)) is first  # used again: now the newest
+    cache.of(_demand(3))
+    assert cache.of(_demand(1)) is first and cache.demands == 2
+
+
+def _pod(uid: str, *, name: str = "p") -> PodInfo:
+    return PodInfo(
+        ref=PodRef(namespace="ns", name=name, uid=uid),
+        requests=None,
+        policy=Policy(),
+        annotation=None,
+        priority=0,
+        job=None,
+    )
+
+
+def test_the_pod_memo_is_bounded_in_pods_and_in_bytes() -> None:
+    memo = PodMemo(max_pods=50, max_bytes=64 * 1024)
+    for i in range(200):
+        memo.put(f"uid-{i}", _pod(f"uid-{i}", name="x" * 500))
+        assert len(memo) <= 50 and memo.bytes <= 64 * 1024
+    assert memo.get("uid-199") is not None and memo.get("uid-0") is None
+    memo.put("huge", _pod("huge", name="x" * 2048))  # over a 64th of the bytes: not kept
+    assert memo.get("huge") is None
+    before = memo.bytes
+    assert memo.pop("uid-199") is not None and memo.bytes < before
+
+
+def _weights() -> placing.Weights:
+    return placing.Weights()
+
+
+def test_every_answer_we_write_still_decodes_strictly() -> None:
+    answer = wire.ExtenderFilterResult(node_names=["a"], failed={"b": "why"})
+    strict = msgspec.json.Decoder(wire.ExtenderFilterResult)
+    assert strict.decode(wire.ENCODER.encode(answer)) == answer
+    with pytest.raises(msgspec.ValidationError):
+        strict.decode(b'{"NodeNames": [], "Surprise": 1}')

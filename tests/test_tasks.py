@@ -1,0 +1,61 @@
+"""The supervisor: a loop that dies is started again, later each time, and
+counted; a cancellation still stops it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+
+import pytest
+
+from hcs_bus import tasks
+from hcs_bus.telemetry import metrics_text
+
+
+def _restarts_metric(task: str) -> float:
+    page = metrics_text().decode()
+    pattern = rf'^hcs_task_restarts_total\{{[^}}]*task="{re.escape(task)}"[^}}]*\}} (\S+)$'
+    found = re.search(pattern, page, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_a_loop_that_dies_is_started_again_with_a_growing_wait_and_counted() -> None:
+    loop = asyncio.get_running_loop()
+    starts: list[float] = []
+    restarts: list[int] = []
+
+    async def flaky() -> str:
+        starts.append(loop.time())
+        if len(starts) <= 3:
+            raise RuntimeError(f"crash {len(starts)}")
+        return "done"
+
+    before = _restarts_metric("test:flaky")
+    await asyncio.wait_for(
+        tasks.supervised(
+            flaky, name="test:flaky", backoff_s=0.02, on_restart=lambda: restarts.append(1)
+        ),
+        5,
+    )
+    assert len(starts) == 4 and len(restarts) == 3
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps[0] >= 0.02 and gaps[1] >= 0.04 and gaps[2] >= 0.08
+    assert _restarts_metric("test:flaky") == before + 3
+
+
+async def test_a_cancelled_supervised_loop_stops_and_is_not_restarted() -> None:
+    started = asyncio.Event()
+    runs: list[int] = []
+
+    async def forever() -> None:
+        runs.append(1)
+        started.set()
+        await asyncio.Event().wait()
+
+    task = tasks.supervise(forever, name="test:forever", backoff_s=0.01)
+    await asyncio.wait_for(started.wait(), 5)
+    await tasks.stop(task)
+    assert task.cancelled() and runs == [1]
+    with pytest.raises(asyncio.CancelledError):
+        await task
