@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import fleet as fleet_file
+from hcs import partlogs
 from hcs.demo import DemoJob
 from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.errors import ConfigError
-from hcs_bus.natsserver import NatsServer
+from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.redacting import redact_url
 from hcs_bus.settings import Settings, replace
 from hcs_bus.telemetry import logger
@@ -50,6 +51,7 @@ class Part:
     name: str
     argv: list[str]
     process: asyncio.subprocess.Process | None = None
+    metrics_port: int = 0  # its Prometheus /metrics (HCS_TELEMETRY__METRICS_PORT)
 
 
 def _host_port(text: str, *, what: str) -> tuple[str, int]:
@@ -77,10 +79,12 @@ def part_env(settings: Settings, *, certs_dir: Path | None) -> dict[str, str]:
 def parts(options: UpOptions) -> list[Part]:
     py = sys.executable
     return [
-        Part("agents", [py, "-m", "agents", "--fleet", str(options.fleet)]),
-        Part("scheduler", [py, "-m", "scheduler"]),
-        Part("injector", [py, "-m", "injector"]),
-        Part("healer", [py, "-m", "healer"]),
+        Part(
+            "agents", [py, "-m", "agents", "--fleet", str(options.fleet)], metrics_port=free_port()
+        ),
+        Part("scheduler", [py, "-m", "scheduler"], metrics_port=free_port()),
+        Part("injector", [py, "-m", "injector"], metrics_port=free_port()),
+        Part("healer", [py, "-m", "healer"], metrics_port=free_port()),
     ]
 
 
@@ -120,13 +124,14 @@ async def _run_stack(settings: Settings, options: UpOptions, *, state_dir: Path)
         for part in running:
             part.process = await asyncio.create_subprocess_exec(
                 *part.argv,
-                env=env,
+                env={**env, "HCS_TELEMETRY__METRICS_PORT": str(part.metrics_port)},
                 start_new_session=True,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=_log_file(state_dir, part.name),
             )
             _log.info("part_started", part=part.name, pid=part.process.pid)
         _print_endpoints(settings, state_dir=state_dir, certs_dir=certs_dir)
+        _print_metrics(running)
         from hcs.cli import show_top  # the live view shares code with `hcs top`
 
         view = ClusterView(bus, settings=settings.scheduler, health_replay_s=600.0)
@@ -134,7 +139,7 @@ async def _run_stack(settings: Settings, options: UpOptions, *, state_dir: Path)
         live = sys.stdout.isatty()
         background = [
             tasks.start(show_top(bus, settings, live=live, stop=stop, view=view), name="up:top"),
-            tasks.start(_watch_parts(running, stop), name="up:watch"),
+            tasks.start(_watch_parts(running, stop, logs=state_dir / "logs"), name="up:watch"),
         ]
         if options.demo_job:
             job = DemoJob(
@@ -185,15 +190,32 @@ def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path) ->
     )
 
 
-async def _watch_parts(running: list[Part], stop: asyncio.Event) -> None:
-    """A part that exits on its own stops the stack (its log says why)."""
+def _print_metrics(running: list[Part]) -> None:
+    """One port per part: setting one port for all made every part but the
+    first fail to bind it, and the stack stop."""
+    ports = " ".join(f"{p.name}=http://127.0.0.1:{p.metrics_port}/metrics" for p in running)
+    print(f"hcs up: metrics {ports}", flush=True)
+
+
+async def _watch_parts(running: list[Part], stop: asyncio.Event, *, logs: Path) -> None:
+    """A part that exits on its own stops the stack, and shows why: the reason
+    and the last lines of its log (its log folder may vanish at exit)."""
     waits = {asyncio.create_task(p.process.wait()): p for p in running if p.process}
     done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()
     for task in done:
         part = waits[task]
-        _log.error("part_exited", part=part.name, code=task.result())
+        lines = partlogs.tail(logs / f"{part.name}.log")
+        why = partlogs.reason(lines) or "no error in its log"
+        _log.error("part_exited", part=part.name, code=task.result(), reason=why)
+        shown = "\n".join(f"  {partlogs.readable(line)}" for line in lines)
+        print(
+            f"hcs up: part {part.name} exited with code {task.result()}: {why}\n"
+            f"last lines of its log:\n{shown}",
+            file=sys.stderr,
+            flush=True,
+        )
     stop.set()
 
 
