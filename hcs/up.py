@@ -188,6 +188,8 @@ def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path) ->
         f"logs {state_dir / 'logs'} | alerts: hcs watch 'hcs.health.*' --nats-url {redact_url(s.bus.url)}",
         flush=True,
     )
+    console = f"http://{s.scheduler.extender_host}:{s.scheduler.extender_port}/console/"
+    print(f"hcs up: console {console} (read-only, live)", flush=True)
 
 
 def _print_metrics(running: list[Part]) -> None:

@@ -21,7 +21,7 @@ from hcs_bus.profiles import ProfileDB
 from hcs_bus.profiles import load as load_profiles
 from hcs_bus.settings import Settings
 from hcs_bus.telemetry import logger, meter
-from scheduler import placing, watching
+from scheduler import console, placing, watching
 from scheduler.booking import Booker, Kube
 from scheduler.extending import Extender, serve
 from scheduler.quotas import QuotaSource
@@ -119,7 +119,9 @@ async def run(
     await service.start()
     runner = None
     if http:
-        runner = await serve(extender.app(), host=cfg.extender_host, port=cfg.extender_port)
+        app = extender.app()
+        console.mount(app, console.Console(view, bus=bus, profiles=planner.profiles, quotas=quotas))
+        runner = await serve(app, host=cfg.extender_host, port=cfg.extender_port)
     running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
     if kube is not None:
         running.append(tasks.start(watching.watch_pods(kube, booker), name="pod-watch"))

@@ -21,6 +21,7 @@ if [ "$mode" != "--run" ]; then
   [ -e /usr/include/zlib.h ] || need+=(zlib1g-dev)
   command -v kubectl >/dev/null || need+=(kubernetes-client)
   command -v etcd >/dev/null || need+=(etcd-server)   # the end-to-end tier's control plane
+  command -v chromium >/dev/null || need+=(chromium)   # the web console's real-browser test
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
