@@ -79,6 +79,7 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "create_lease": (ApiCall(_COORD, "leases", ("create",)),),
     "replace_lease": (ApiCall(_COORD, "leases", ("update",)),),
     "list_compute_quotas": (ApiCall(CRD_GROUP, "computequotas", ("list",)),),
+    "patch_compute_quota_usage": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
     "patch_compute_node_status": (
         ApiCall(CRD_GROUP, "computenodes/status", ("patch",)),
         ApiCall(CRD_GROUP, "computenodes", ("create",)),
@@ -448,6 +449,23 @@ class Kube:
             "computequotas",
         )
         return list(page.get("items") or [])
+
+    async def patch_compute_quota_usage(
+        self, namespace: str, name: str, usage: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch ``status.usage`` of a ComputeQuota (the metering
+        service's figures); the rest of its status is left alone."""
+        return await self._call(
+            f"patch usage of computequota {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object_status,
+            CRD_GROUP,
+            CRD_VERSION,
+            namespace,
+            "computequotas",
+            name,
+            {"status": {"usage": usage}},
+            _content_type=MERGE_PATCH,
+        )
 
     async def patch_compute_node_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch the ComputeNode's status subresource, creating the object first

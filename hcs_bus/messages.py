@@ -283,6 +283,26 @@ class CheckpointRequest(_Frozen, frozen=True, tag="checkpoint_request", tag_fiel
     v: int = 1
 
 
+class UsageAlert(_Frozen, frozen=True, tag="usage_alert", tag_field="type"):
+    """A namespace holds at least ``threshold`` of its ComputeQuota (VRAM or
+    ACU, whichever is tighter): core subject ``hcs.usage.<namespace>``, once
+    per crossing (the metering service, ``scheduler.metered``)."""
+
+    namespace: str
+    resource: str
+    share: float
+    threshold: float
+    time_s: float
+    held_devices: int = 0
+    held_vram_mib: int = 0
+    held_acu: float = 0.0
+    vram_mib_hard: int | None = None
+    acu_hard: float | None = None
+    severity: Severity = "warning"
+    message: str = ""
+    v: int = 1
+
+
 Message = (
     NodeFingerprint
     | HealthEvent
@@ -293,6 +313,7 @@ Message = (
     | ReleaseRequest
     | CheckpointEvent
     | CheckpointRequest
+    | UsageAlert
 )
 ALL_MESSAGES: tuple[type[Any], ...] = (
     NodeFingerprint,
@@ -304,6 +325,7 @@ ALL_MESSAGES: tuple[type[Any], ...] = (
     ReleaseRequest,
     CheckpointEvent,
     CheckpointRequest,
+    UsageAlert,
 )
 
 T = TypeVar("T")

@@ -199,7 +199,9 @@ def _mirror() -> Permissions:
     publish = [
         *consuming(streams.FP),
         *consuming(streams.HEALTH),
-        *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL),
+        *following(streams.ALLOC),
+        subjects.USAGE_ALL,
+        *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL, subjects.ALLOC_ALL),
     ]
     return Permissions(tuple(publish), (_inbox("mirror"),))
 

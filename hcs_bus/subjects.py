@@ -14,6 +14,7 @@ ALLOC_PREFIX: Final = "hcs.alloc."
 CKPT_PREFIX: Final = "hcs.ckpt."
 CKPT_REQUEST_PREFIX: Final = "hcs.ckpt.request."
 DLQ_PREFIX: Final = "hcs.dlq."
+USAGE_PREFIX: Final = "hcs.usage."
 PLACE: Final = "hcs.place"
 RELEASE: Final = "hcs.release"
 PLACE_QUEUE: Final = "hcs-scheduler"
@@ -22,6 +23,7 @@ FP_ALL: Final = "hcs.fp.*"
 HEALTH_ALL: Final = "hcs.health.*"
 ALLOC_ALL: Final = "hcs.alloc.*"
 DLQ_ALL: Final = "hcs.dlq.>"
+USAGE_ALL: Final = "hcs.usage.*"
 
 _FORBIDDEN = set(" \t\r\n*>")
 
@@ -78,6 +80,11 @@ def ckpt_key(namespace: str, job: str) -> str:
 def alloc_key(node: str) -> str:
     """Key of a node's reservations in KV ``hcs_alloc``."""
     return node_token(node)
+
+
+def usage(namespace: str) -> str:
+    """Where a namespace's usage alerts go (core NATS, ``UsageAlert``)."""
+    return USAGE_PREFIX + _plain_token(namespace, what="namespace")
 
 
 def dlq(subject: str) -> str:

@@ -202,6 +202,7 @@ async def _main() -> None:
     from hcs_bus import kube as kube_module
     from hcs_bus import settings as settings_module
     from hcs_bus.telemetry import configure
+    from scheduler.metered import Meter
 
     settings = settings_module.load()
     configure(settings.telemetry, service="hcs-mirror")
@@ -212,7 +213,10 @@ async def _main() -> None:
     bus = await connect(settings.bus, name="hcs-mirror")
     mirror = Mirror(bus, kube)
     await mirror.start()
+    meter = Meter(bus, kube)  # usage metering: ComputeQuota status.usage, counters, alerts
+    await meter.start()
     await tasks.stop_event().wait()
+    await meter.stop()
     await mirror.stop()
     await kube.close()
     await bus.drain()

@@ -23,9 +23,9 @@ CODE: dict[str, tuple[str, ...]] = {
     "hcs-scheduler": ("scheduler",),
     "hcs-injector": ("injector",),
     "hcs-healer": ("healer",),
-    "hcs-mirror": ("scheduler/mirroring.py",),
+    "hcs-mirror": ("scheduler/mirroring.py", "scheduler/metered.py"),
 }
-EXCLUDED = {"hcs-scheduler": ("scheduler/mirroring.py",)}
+EXCLUDED = {"hcs-scheduler": ("scheduler/mirroring.py", "scheduler/metered.py")}
 
 
 def _files(paths: tuple[str, ...], *, exclude: tuple[str, ...] = ()) -> list[Path]:

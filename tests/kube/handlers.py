@@ -509,6 +509,7 @@ ROUTES: dict[tuple[str, str, str], Callable[..., Any]] = {
     (CORE, "pods", "watch"): _watch,
     (COORD, "leases", "get"): _get,
     (HCS, "computequotas", "list"): _list_quotas,
+    (HCS, "computequotas/status", "patch"): _patch,
     (HCS, "computenodes", "get"): _get,
     (HCS, "computenodes/status", "patch"): _patch,
     (CORE, "pods/binding", "create"): _bind,

@@ -54,6 +54,11 @@ async def _watch_nodes(k: Kube, s: ApiServer) -> object:
     return await asyncio.wait_for(until_m(), 5)
 
 
+async def _quota_usage(k: Kube, s: ApiServer) -> object:
+    s.add_quota(NS, "team", {"hard": {"acu": 100}})
+    return await k.patch_compute_quota_usage(NS, "team", {"acuSeconds": 1.0})
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -74,6 +79,7 @@ SCENARIOS: dict[str, Scenario] = {
     "create_lease": lambda k, s: k.create_lease(NS, {**LEASE, "metadata": {"name": "new"}}),
     "replace_lease": lambda k, s: k.replace_lease(NS, "l", copy.deepcopy(s.leases[(NS, "l")])),
     "list_compute_quotas": lambda k, s: k.list_compute_quotas(NS),
+    "patch_compute_quota_usage": _quota_usage,
     "patch_compute_node_status": lambda k, s: k.patch_compute_node_status("n", {"acu": 1}),
     "close": lambda k, s: k.close(),
 }
