@@ -5,6 +5,8 @@
   a kernel probe, the simulator or the healer emits; ``KIND_CLASSES`` says how
   the healer takes each one: ``fatal`` (the device fails at once), ``warning``
   (counted, lowers the score, a burst degrades) or ``info`` (never acted on).
+  ``NODE_WIDE`` names the kinds that take the whole node out (NVSwitch or
+  fabric down, PCIe root port, driver): the node is isolated, not a device.
   Rules that look past one event (thresholds, storms, fatal at a severity)
   live in ``healer/data/rules.yaml``.
 * **Xids.** One NVIDIA Xid table (``hcs_bus/data/xids.json``, each entry with
@@ -27,12 +29,14 @@ from hcs_bus.messages import Severity
 
 __all__ = [
     "KIND_CLASSES",
+    "NODE_WIDE",
     "PREFIX",
     "XIDS",
     "HealthClass",
     "Kind",
     "XidEntry",
     "kind_class",
+    "node_wide",
     "xid_class",
     "xid_severity",
 ]
@@ -54,6 +58,7 @@ ENGINE_PARAM_PREFIX: Final = "hcs.io/engine-"
 # -- pod annotations: written by HCS only --------------------------------------
 PLAN: Final = "hcs.io/plan"
 PLAN_SIG: Final = "hcs.io/plan-sig"
+PLEDGE: Final = "hcs.io/pledge"
 DEVICES: Final = "hcs.io/devices"
 VRAM_QUOTA: Final = "hcs.io/vram-quota"
 RESUME_FROM: Final = "hcs.io/resume-from"
@@ -61,6 +66,8 @@ COLLECTIVE_P2P_DISABLE: Final = "hcs.io/collective-p2p-disable"
 COLLECTIVE_IB_DISABLE: Final = "hcs.io/collective-ib-disable"
 COLLECTIVE_INTRA_PCIE: Final = "hcs.io/collective-intra-pcie"
 COLLECTIVE_INTRA_ROCE: Final = "hcs.io/collective-intra-roce"
+WAKE: Final = "hcs.io/wake"  # changed by the scheduler so kube-scheduler retries a parked pod
+TRACEPARENT: Final = "hcs.io/traceparent"  # W3C trace of the admission; the bind continues it
 
 # -- node labels and taints ------------------------------------------------------
 VENDOR_LABEL: Final = "hcs.io/vendor"
@@ -105,6 +112,12 @@ class Kind(enum.StrEnum):
     HYGON_FAULT = "hygon_fault"
     CAMBRICON_FAULT = "cambricon_fault"
     TEST_PROBE = "test_probe"
+    # faults of the whole node, whatever device index they carry (NODE_WIDE)
+    NODE_LOST = "node_lost"
+    NVSWITCH_DOWN = "nvswitch_down"
+    FABRIC_DOWN = "fabric_down"
+    PCIE_ROOT_DOWN = "pcie_root_down"
+    DRIVER_FAILURE = "driver_failure"
     # telemetry signal names the healer also accepts as event kinds
     REMAP_FAILED = "remap_failed"
     REMAP_PENDING = "remap_pending"
@@ -129,6 +142,23 @@ _FATAL = (
     Kind.AER_FATAL,
     Kind.NVLINK_DOWN,
     Kind.HCCS_DOWN,
+    Kind.NODE_LOST,
+    Kind.NVSWITCH_DOWN,
+    Kind.FABRIC_DOWN,
+    Kind.PCIE_ROOT_DOWN,
+    Kind.DRIVER_FAILURE,
+)
+# Kinds that take the whole node out: the healer isolates the node (taint),
+# not only the device an event names. Every other kind is about its device.
+NODE_WIDE: Final = frozenset(
+    k.value
+    for k in (
+        Kind.NODE_LOST,
+        Kind.NVSWITCH_DOWN,
+        Kind.FABRIC_DOWN,
+        Kind.PCIE_ROOT_DOWN,
+        Kind.DRIVER_FAILURE,
+    )
 )
 _INFO = (
     Kind.DEVICE_ADDED,
@@ -148,6 +178,11 @@ KIND_CLASSES: Final[Mapping[str, HealthClass]] = MappingProxyType(
         for kind in Kind
     }
 )
+
+
+def node_wide(kind: str) -> bool:
+    """Whether an event of ``kind`` is about the whole node, not one device."""
+    return kind in NODE_WIDE
 
 
 def kind_class(kind: str) -> HealthClass | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 import yaml
@@ -110,6 +110,8 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     max_penalty: int = 30
     degraded_score: int = 60
     degraded_taint_effect: Literal["PreferNoSchedule", "NoSchedule"] = "PreferNoSchedule"
+    # taint a node once this share of its devices is out (DESIGN §4)
+    taint_failed_share: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.5
     node_stale_s: float = 60.0
     degraded_window_s: float = 60.0
     recovery_window_s: float = 300.0
@@ -121,12 +123,21 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         return max(self.xid.pair_window_s, self.degraded_window_s, self.recovery_window_s, *storms)
 
 
-def load(path: Path | None = None, *, degraded_window_s: float, recovery_window_s: float) -> Rules:
-    """Rules from the YAML file (strictly decoded) and the two windows of settings."""
+def load(
+    path: Path | None = None,
+    *,
+    degraded_window_s: float,
+    recovery_window_s: float,
+    taint_failed_share: float | None = None,
+) -> Rules:
+    """Rules from the YAML file (strictly decoded) and the windows of settings
+    (and the taint threshold, when settings give one)."""
     source = path or DATA
     try:
         raw = yaml.safe_load(source.read_text()) or {}
         raw.update(degraded_window_s=degraded_window_s, recovery_window_s=recovery_window_s)
+        if taint_failed_share is not None:
+            raw.update(taint_failed_share=taint_failed_share)
         return msgspec.convert(raw, Rules, strict=False)
     except (OSError, yaml.YAMLError, msgspec.ValidationError) as exc:
         raise ConfigError(f"health rules {source}: {exc}") from exc

@@ -93,6 +93,7 @@ async def start(bus_settings: BusSettings, kube: Kube) -> AsyncIterator[Start]:
             rules.load(degraded_window_s=2 * RECOVERY_S, recovery_window_s=RECOVERY_S),
             min_change_interval_s=RECOVERY_S,
             node_stale_s=30 * INTERVAL_S,
+            taint_failed_share=0.25,  # one failed device of four taints: these tests untaint
         )
         actor = Actor(bus=own, kube=kube, dry_run=False, retry_initial_s=0.05, retry_max_s=0.2)
         healer = Healer(
@@ -157,7 +158,7 @@ async def test_leaders_that_take_over_after_a_kill_untaint_what_their_predecesso
     await kill(a)
     await wait_until(lambda: b.ready.is_set() and {"n1", "n2"} <= b.read_nodes, timeout_s=10)
     assert b.nodes["n1"].effect == "NoSchedule"  # adopted
-    await fail(bus, "n2", device=7)
+    await fail(bus, "n2", device=3)
     await wait_until(lambda: ours(apiserver, "n2") is not None, timeout_s=5)
     c = await start("c")
     await kill(b)
