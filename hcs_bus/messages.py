@@ -154,6 +154,7 @@ class PlanRequest(_Frozen, frozen=True, tag="plan_request", tag_field="type"):
     policy: Policy = Policy()
     pod_name: str = ""
     dry_run: bool = False
+    generate_name: str = ""  # the pod's generateName when it has no name yet
     v: int = 1
 
 
@@ -200,6 +201,8 @@ class Plan(_Frozen, frozen=True, tag="plan", tag_field="type"):
     # empty when the planner does not say. The injector refuses a pod asking for
     # more, which the kubelet would refuse (OutOf<key>).
     node_capacity: dict[str, int] = {}
+    # the pledge a non-dry-run plan made in the ledger (``hcs.io/pledge``); "" for none
+    pledge: str = ""
     v: int = 1
 
 
@@ -244,6 +247,7 @@ class Reservation(_Frozen, frozen=True):
     acu: float = 0.0
     job: str | None = None
     priority: int = 0
+    pledge: str = ""  # the admission pledge this reservation was made from
 
 
 class NodeReservations(_Frozen, frozen=True, tag="node_reservations", tag_field="type"):

@@ -102,6 +102,10 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     weight_right_size: float = 1.0
     weight_topology: float = 1.0
     reserve_ttl_s: float = 60.0
+    pledge_ttl_s: float = 600.0  # an admission's pledge whose pod is never bound expires
+    replan_after_s: float = 30.0  # a pod stranded this long on a full class is re-planned
+    stranding_scan_s: float = 2.0  # how often pending HCS pods are looked at
+    wake_min_interval_s: float = 5.0  # a parked pod is woken at most this often
 
 
 class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):
@@ -128,6 +132,7 @@ class HealerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     degraded_window_s: float = 60.0
     recovery_window_s: float = 300.0
     checkpoint_wait_s: float = 120.0
+    taint_failed_share: float = 0.5  # taint a node once this share of its devices is out (0, 1]
     lease_name: str = "hcs-healer"
     lease_namespace: str = "hcs-system"
     lease_duration_s: float = 15.0

@@ -78,6 +78,9 @@ NATS_NKEY_LABEL: Final = "hcs.io/nats-nkey"
 UNHEALTHY_TAINT: Final = "hcs.io/unhealthy"
 
 HealthClass = Literal["fatal", "warning", "info"]
+# Evidence key of every healer verdict: the device indices the healer holds
+# failed (out of placement) when it published, comma-separated, "" for none.
+DEVICES_OUT: Final = "devices_out"
 
 
 class Kind(enum.StrEnum):

@@ -19,10 +19,11 @@ from typing import Any
 
 import msgspec
 
+from hcs_bus import vocabulary
 from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import InjectorSettings
-from hcs_bus.telemetry import logger
+from hcs_bus.telemetry import current_traceparent, logger, span
 from injector import demands, fitting, guarding, mutating, plans, rebinding, reviews
 from injector.demands import Demand, PodError
 from injector.guarding import PLAN
@@ -55,7 +56,9 @@ class Admitter:
             _log.info("admission_bad_request", error=str(exc))
             return reviews.bad(exc)
         try:
-            return await self._route(request, budget_s=budget_s)
+            attributes = {"hcs.operation": request.operation, "hcs.namespace": request.namespace}
+            with span("hcs.admission", attributes=attributes):
+                return await self._route(request, budget_s=budget_s)
         except PodError as exc:
             _log.info("admission_refused", uid=request.uid, error=str(exc))
             return reviews.deny(request.uid, str(exc), code=400)
@@ -101,9 +104,10 @@ class Admitter:
         uid, trusted = request.uid, self._trusted(request)
         annotations = demands.annotations_of(pod)
         demand = demands.read(pod)
-        note = self._own_note(request, annotations, demand, trusted=trusted)
+        note = self._own_note(request, annotations, demand, trusted=trusted, pod=_identity(pod))
         if not trusted:
-            own = {guarding.PLAN, guarding.PLAN_SIG} if note is not None else set()
+            own = {guarding.PLAN, guarding.PLAN_SIG, guarding.PLEDGE, vocabulary.TRACEPARENT}
+            own = own if note else set()
             foreign = [k for k in guarding.reserved(annotations) if k not in own]
             if foreign:
                 _log.warning(
@@ -122,14 +126,24 @@ class Admitter:
             return reviews.deny(uid, refusal)
         choice = rebinding.choose(annotations, self.ctx.rebinding)
         warnings: list[str] = []
+        pledge = annotations.get(guarding.PLEDGE, "") if note is not None else ""
         if note is None:
             planned = await self._plan(request, pod, demand, choice, budget_s=budget_s)
             if isinstance(planned, Answer):
                 return planned
             note, warnings = plans.note_of(planned), _plan_warnings(planned)
+            pledge = planned.pledge
         values = plans.note_annotations(
-            note, namespace=request.namespace, demand=demand, key=self.keys()[0]
+            note,
+            namespace=request.namespace,
+            demand=demand,
+            key=self.keys()[0],
+            pledge=pledge,
+            pod=_identity(pod),
         )
+        traceparent = current_traceparent()  # the bind continues this trace
+        if traceparent and vocabulary.TRACEPARENT not in annotations:  # kept on reinvocation
+            values[vocabulary.TRACEPARENT] = traceparent
         mutation = mutating.mutate(
             pod, demand=demand, note=note, plan_annotations=values, choice=choice, ctx=self.ctx
         )
@@ -151,12 +165,14 @@ class Admitter:
         demand: Demand | None,
         *,
         trusted: bool,
+        pod: str,
     ) -> plans.PlanNote | None:
-        """The plan note HCS already put on this pod (reinvocation), if any."""
+        """The plan note HCS already put on this pod (reinvocation), if any: one
+        copied from another pod (another name, another pledge) is not."""
         if demand is None or PLAN not in annotations:
             return None
         note = plans.verified(
-            annotations, namespace=request.namespace, demand=demand, keys=self.keys()
+            annotations, namespace=request.namespace, demand=demand, keys=self.keys(), pod=pod
         )
         if note is None and trusted:
             note = plans.decode(annotations[PLAN])
@@ -181,6 +197,7 @@ class Admitter:
             requests=demand.requests,
             policy=policy,
             pod_name=str(metadata.get("name") or metadata.get("generateName") or ""),
+            generate_name="" if metadata.get("name") else str(metadata.get("generateName") or ""),
             dry_run=bool(request.dry_run),
         )
         try:
@@ -235,6 +252,12 @@ def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
     if not isinstance(pod.get("metadata", {}), dict):
         raise PodError(f"request.{what}.metadata is not an object")
     return pod
+
+
+def _identity(pod: dict[str, Any]) -> str:
+    """The pod's name, or its generateName when it has none yet."""
+    meta = pod.get("metadata") or {}
+    return str(meta.get("name") or meta.get("generateName") or "")
 
 
 def _privileged(pod: dict[str, Any], demand: Demand) -> str | None:

@@ -31,6 +31,7 @@ USER_ANNOTATIONS: Final = frozenset(
 USER_PREFIXES: Final = (vocabulary.ENGINE_PARAM_PREFIX,)
 PLAN: Final = vocabulary.PLAN
 PLAN_SIG: Final = vocabulary.PLAN_SIG
+PLEDGE: Final = vocabulary.PLEDGE
 
 
 def is_reserved(key: str) -> bool:

@@ -1,9 +1,12 @@
 """The plan note a pod carries (``hcs.io/plan``) and its signature.
 
-The note tells bind which class was planned. It is signed (HMAC-SHA256 over
-namespace, note and the pod's demand, ``hcs.io/plan-sig``) so that when the
-API server invokes the webhook again (reinvocation) the injector recognises
-its own note and does not plan twice, while a note a user wrote is refused.
+The note tells bind which class was planned; ``hcs.io/pledge`` names the
+pledge the plan made in the ledger (spent once, at bind). The note is signed
+(HMAC-SHA256 over namespace, note, the pod's demand, the pledge id and the
+pod's name or generateName, ``hcs.io/plan-sig``) so that when the API server
+invokes the webhook again (reinvocation) the injector recognises its own
+note and does not plan twice, while a note a user wrote, or copied from
+another pod, is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import msgspec
 
 from hcs_bus.messages import Plan
 from injector.demands import Demand
-from injector.guarding import PLAN, PLAN_SIG
+from injector.guarding import PLAN, PLAN_SIG, PLEDGE
 
 
 class PlanNote(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -50,28 +53,45 @@ def encode(note: PlanNote) -> str:
     return _ENCODER.encode(note).decode()
 
 
-def signature(text: str, *, namespace: str, demand: Demand, key: bytes) -> str:
-    digest = _ENCODER.encode((namespace, text, demand.requests, demand.policy))
+def signature(
+    text: str, *, namespace: str, demand: Demand, key: bytes, pledge: str = "", pod: str = ""
+) -> str:
+    digest = _ENCODER.encode((namespace, text, demand.requests, demand.policy, pledge, pod))
     mac = hmac.new(key, digest, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
 
 def note_annotations(
-    note: PlanNote, *, namespace: str, demand: Demand, key: bytes
+    note: PlanNote, *, namespace: str, demand: Demand, key: bytes, pledge: str = "", pod: str = ""
 ) -> dict[str, str]:
+    """``hcs.io/plan``, its signature and (when the plan made one) ``hcs.io/pledge``;
+    ``pod`` is the pod's name, or its generateName when it has none."""
     text = encode(note)
-    return {PLAN: text, PLAN_SIG: signature(text, namespace=namespace, demand=demand, key=key)}
+    sig = signature(text, namespace=namespace, demand=demand, key=key, pledge=pledge, pod=pod)
+    out = {PLAN: text, PLAN_SIG: sig}
+    if pledge:
+        out[PLEDGE] = pledge
+    return out
 
 
 def verified(
-    found: dict[str, str], *, namespace: str, demand: Demand, keys: Iterable[bytes]
+    found: dict[str, str],
+    *,
+    namespace: str,
+    demand: Demand,
+    keys: Iterable[bytes],
+    pod: str = "",
 ) -> PlanNote | None:
-    """The note in ``found`` if one of ``keys`` signed it for this demand, else None."""
+    """The note in ``found`` if one of ``keys`` signed it for this demand, this
+    pledge and this pod (name or generateName), else None."""
     text, sig = found.get(PLAN), found.get(PLAN_SIG)
     if text is None or sig is None:
         return None
+    pledge = found.get(PLEDGE, "")
     for key in keys:
-        expected = signature(text, namespace=namespace, demand=demand, key=key)
+        expected = signature(
+            text, namespace=namespace, demand=demand, key=key, pledge=pledge, pod=pod
+        )
         if hmac.compare_digest(expected, sig):
             return decode(text)
     return None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -31,19 +31,18 @@ from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from hcs_bus import messages, subjects
+from hcs_bus import checkpoint, messages, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError, KubeNotFound
 from hcs_bus.messages import (
     AllocationEvent,
     AllocState,
-    CheckpointEvent,
     DeviceSlice,
     NodeReservations,
     PodRef,
     Reservation,
 )
-from hcs_bus.telemetry import logger, meter
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, span, zero_init
 from scheduler import ledger, pods
 from scheduler.collectives import collective_annotations
 from scheduler.placing import Demand, check_node, choose_devices
@@ -52,14 +51,21 @@ from scheduler.state import ClusterState, NodeView, booked
 _log = logger("hcs.scheduler.booking")
 _meter = meter("hcs.scheduler")
 BINDS = _meter.create_counter("hcs_scheduler_binds", description="bind outcomes")
-CONFLICTS = _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
+CONFLICTS = zero_init(
+    _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
+)
+BIND_SECONDS = _meter.create_histogram(
+    "hcs_scheduler_bind_seconds",
+    unit="s",
+    description="time to bind one pod: reserve, POST the Binding, announce",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
 OVERCOMMITS = _meter.create_counter(
     "hcs_scheduler_overcommitted_devices",
     description="devices found holding more than they have (the ledger cannot undo it)",
 )
 MAX_ATTEMPTS = 50
 _DOC = messages.decoder_for(NodeReservations)
-_CKPT = messages.decoder_for(CheckpointEvent)
 
 
 class Kube(Protocol):
@@ -149,6 +155,11 @@ class Booker:
     ) -> None:
         self.bus, self.kv, self.ckpt, self.state = bus, kv, ckpt, state
         self.kube, self.replica, self.clock = kube, replica, clock
+        # the admission's pledge spent before a reservation (``Planner.spend``);
+        # ("", pledge id) or (refusal, "")
+        self.spend: Callable[[pods.PodInfo, Demand], Awaitable[tuple[str, str]]] | None = None
+        # a pledge dropped when its pod goes away (``Pledger.release``)
+        self.unpledge: Callable[..., Awaitable[bool]] | None = None
 
     # -- KV documents -----------------------------------------------------
     async def read(self, node: str) -> Doc:
@@ -180,9 +191,23 @@ class Booker:
 
     # -- bind -------------------------------------------------------------
     async def bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
-        """Reserve, bind and announce; returns "" or the error for kube-scheduler."""
+        """Reserve, bind and announce; returns "" or the error for kube-scheduler.
+        Traced as a child of the pod's admission (``hcs.io/traceparent``)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        attributes = {"hcs.pod": f"{pod.ref.namespace}/{pod.ref.name}", "hcs.node": node}
+        with span("hcs.bind", traceparent=pod.traceparent, attributes=attributes):
+            error = await self._bind(pod, demand, node=node)
+        BIND_SECONDS.record(loop.time() - started, {"outcome": "refused" if error else "bound"})
+        return error
+
+    async def _bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
         try:
-            reservation = await self._reserve(pod, demand, node=node)
+            refusal, pledge = await self.spend(pod, demand) if self.spend else ("", "")
+            if refusal:
+                BINDS.add(1, {"outcome": "pledge_refused"})
+                return refusal
+            reservation = await self._reserve(pod, demand, node=node, pledge=pledge)
         except HcsError as exc:
             BINDS.add(1, {"outcome": "refused"})
             return str(exc)
@@ -207,7 +232,9 @@ class Booker:
         BINDS.add(1, {"outcome": "bound"})
         return ""
 
-    async def _reserve(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> Reservation | str:
+    async def _reserve(
+        self, pod: pods.PodInfo, demand: Demand, *, node: str, pledge: str = ""
+    ) -> Reservation | str:
         view = self.state.nodes.get(node)
         if view is None:
             return f"hcs: node {node} is unknown to HCS; cannot bind {pod.ref.name}"
@@ -221,7 +248,9 @@ class Booker:
             if not fit.ok:
                 who = f"{pod.ref.namespace}/{pod.ref.name}"
                 return f"hcs: {node} no longer fits {who}: {fit.reason}"
-            reservation = self._reservation(pod, demand, fit_devices=choose_devices(fit, demand))
+            reservation = self._reservation(
+                pod, demand, fit_devices=choose_devices(fit, demand), pledge=pledge
+            )
             doc = NodeReservations(node=node, reservations=(*current, reservation))
             try:
                 await self.write(node, doc, revision=held.revision)
@@ -232,7 +261,7 @@ class Booker:
         raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
 
     def _reservation(
-        self, pod: pods.PodInfo, demand: Demand, *, fit_devices: list[Any]
+        self, pod: pods.PodInfo, demand: Demand, *, fit_devices: list[Any], pledge: str = ""
     ) -> Reservation:
         slices = tuple(
             DeviceSlice(
@@ -254,6 +283,7 @@ class Booker:
             acu=acu,
             job=pod.job,
             priority=pod.priority,
+            pledge=pledge,
         )
 
     async def _post_binding(
@@ -294,13 +324,10 @@ class Booker:
         except NatsError as exc:  # the bind goes on without a resume point
             _log.warning("checkpoint_unreadable", job=pod.job, error=repr(exc))
             return None
-        if not entry.value:
-            return None
-        try:
-            return _CKPT.decode(entry.value).uri or None
-        except msgspec.MsgspecError as exc:
-            _log.warning("bad_checkpoint_doc", job=pod.job, error=str(exc))
-            return None
+        found = checkpoint.resume_point(  # refused (and logged) across namespaces
+            entry.value, key=entry.key, namespace=pod.ref.namespace, job=pod.job
+        )
+        return found.uri if found is not None and found.uri else None
 
     async def _mark_bound(self, ref: PodRef, *, node: str, reservation: Reservation) -> None:
         """The pod is bound: its reservation turns ``bound``, or comes back if

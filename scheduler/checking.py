@@ -41,6 +41,8 @@ async def read_ledger(bus: Bus) -> dict[str, NodeReservations]:
         raise BusUnavailable(f"hcs: cannot list {streams.KV_ALLOC}: {exc!r}") from exc
     out: dict[str, NodeReservations] = {}
     for key in keys:
+        if "=" in key:  # not a node: pledges (``scheduler.pledges``)
+            continue
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from hcs_bus.messages import Offer, Plan, PlanRequest, QuotaVerdict, Rejection, Requests
 from hcs_bus.profiles import Profile, ProfileDB, equivalent
 from hcs_bus.units import DEVICES_RESOURCE, VRAM_RESOURCE, mib_to_bytes
+from scheduler import pledges
 from scheduler.placing import device_class
+from scheduler.pledges import Held
 from scheduler.state import NodeView
 
 REFERENCE_TFLOPS_PER_ACU = 3.12  # 312 dense FP16 TFLOPS = 100 ACU
@@ -53,6 +55,9 @@ class ClassStats:
     max_idle_per_node: int = 0
     kth_free: list[int] = field(default_factory=list)
     linked: bool = False
+    idle_devices: int = 0  # usable devices with nothing on them, all nodes
+    # outstanding pledges of this class (``scheduler.pledges``)
+    pledged: Held = field(default_factory=Held)
 
     @property
     def key(self) -> str:
@@ -63,6 +68,7 @@ class ClassStats:
 class Summary:
     classes: dict[str, ClassStats]
     usage: dict[str, tuple[int, float]]  # namespace → (VRAM MiB, ACU) reserved
+    pledge_ids: frozenset[str] = frozenset()  # pledges the reservations came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +91,32 @@ def summarise(nodes: Iterable[NodeView]) -> Summary:
     """Class statistics and per-namespace usage from the view."""
     classes: dict[str, ClassStats] = {}
     usage: dict[str, tuple[int, float]] = {}
+    ids: set[str] = set()
     for node in nodes:
         for res in node.reservations.values():
             vram, acu = usage.get(res.pod.namespace, (0, 0.0))
             usage[res.pod.namespace] = (vram + sum(s.vram_mib for s in res.devices), acu + res.acu)
+            if res.pledge:
+                ids.add(res.pledge)
         if node.schedulable:
             _summarise_node(node, classes)
-    return Summary(classes=classes, usage=usage)
+    return Summary(classes=classes, usage=usage, pledge_ids=frozenset(ids))
+
+
+def charged(
+    summary: Summary, *, by_class: Mapping[str, Held], by_namespace: Mapping[str, Held]
+) -> Summary:
+    """``summary`` with the outstanding pledges counted: a class's room shrinks
+    by what is pledged on it, a namespace's usage grows by its pledges."""
+    classes = {
+        key: replace(stats, pledged=by_class[key]) if key in by_class else stats
+        for key, stats in summary.classes.items()
+    }
+    usage = dict(summary.usage)
+    for ns, pledged in by_namespace.items():
+        vram, acu = usage.get(ns, (0, 0.0))
+        usage[ns] = (vram + pledged.vram_mib, acu + pledged.acu)
+    return Summary(classes=classes, usage=usage, pledge_ids=summary.pledge_ids)
 
 
 def _summarise_node(node: NodeView, classes: dict[str, ClassStats]) -> None:
@@ -113,6 +138,7 @@ def _summarise_node(node: NodeView, classes: dict[str, ClassStats]) -> None:
         stats = classes[key]
         stats.max_usable_per_node = max(stats.max_usable_per_node, len(frees))
         idle = sum(1 for _, is_idle in frees if is_idle)
+        stats.idle_devices += idle
         stats.max_idle_per_node = max(stats.max_idle_per_node, idle)
         ordered = sorted((free for free, _ in frees), reverse=True)
         for k, value in enumerate(ordered):
@@ -184,10 +210,19 @@ def _waste(committed: float, shares: dict[str, float]) -> float:
 
 
 def has_room(stats: ClassStats, sizing: Sizing) -> bool:
-    """Some single node has room for the pod now."""
+    """Some single node has room for the pod now, and the class as a whole
+    once its outstanding pledges are placed."""
+    idle, free = pledges.room_left(
+        idle_devices=stats.idle_devices,
+        free_mib=stats.free_mib,
+        vram_mib=stats.vram_mib,
+        pledged=stats.pledged,
+    )
     if sizing.whole:
-        return stats.max_idle_per_node >= sizing.devices
+        return stats.max_idle_per_node >= sizing.devices and idle >= sizing.devices
     n = sizing.devices
+    if free < n * sizing.vram_mib_per_device:
+        return False
     return len(stats.kth_free) >= n and stats.kth_free[n - 1] >= sizing.vram_mib_per_device
 
 
@@ -264,7 +299,13 @@ def _refuse(
 def _rank(candidates: list[_Candidate]) -> list[_Candidate]:
     return sorted(
         candidates,
-        key=lambda c: (not c.room, c.sizing.waste, c.stats.acu, -c.stats.free_mib, c.stats.key),
+        key=lambda c: (
+            not c.room,
+            c.sizing.waste,
+            c.stats.acu,
+            c.stats.pledged.vram_mib - c.stats.free_mib,
+            c.stats.key,
+        ),
     )
 
 

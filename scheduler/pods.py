@@ -104,6 +104,8 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     annotation: PlanAnnotation | None
     priority: int
     job: str | None
+    traceparent: str | None = None  # the admission's trace (hcs.io/traceparent)
+    pledge: str = ""  # the admission's pledge in the ledger (hcs.io/pledge)
 
     @property
     def wants_devices(self) -> bool:
@@ -123,6 +125,8 @@ def pod_info(pod: PodObject) -> PodInfo:
         annotation=plan_annotation(annotations),
         priority=pod.spec.priority or 0,
         job=job,
+        traceparent=annotations.get(vocabulary.TRACEPARENT),
+        pledge=annotations.get(vocabulary.PLEDGE, ""),
     )
 
 

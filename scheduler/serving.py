@@ -14,14 +14,21 @@ from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import AllocationEvent, Plan, PlanRequest, PodRef, ReleaseRequest
 from hcs_bus.profiles import ProfileDB
-from hcs_bus.telemetry import logger
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter
 from scheduler import planning
 from scheduler.booking import Booker
+from scheduler.pledging import Pledger
 from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.quotas import QuotaSource
 from scheduler.state import ClusterState
 
 _log = logger("hcs.scheduler.serving")
+PLAN_SECONDS = meter("hcs.scheduler").create_histogram(
+    "hcs_scheduler_plan_seconds",
+    unit="s",
+    description="time to answer one plan request (hcs.place)",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
 
 
 class Planner:
@@ -40,6 +47,7 @@ class Planner:
         self._summary: planning.Summary | None = None
         self._at = float("-inf")
         self._dirty = True
+        self.pledger: Pledger | None = None  # set by the replica: pledges counted and made
 
     def changed(self, _node: str) -> None:
         self._dirty = True
@@ -53,8 +61,29 @@ class Planner:
         return self._summary
 
     async def plan(self, request: PlanRequest) -> Plan:
+        """A plan with every outstanding pledge counted; records nothing."""
+        summary = self.summary()
+        if self.pledger is not None:
+            summary = self.pledger.charged(summary)
+        return await self._plan(request, summary)
+
+    async def place(self, request: PlanRequest) -> Plan:
+        """The admission's plan: a non-dry-run one also makes its pledge."""
+        if request.dry_run or self.pledger is None:
+            return await self.plan(request)
+        return await self.pledger.place(request, self._plan)
+
+    async def _plan(self, request: PlanRequest, summary: planning.Summary) -> Plan:
         quota = await self.quotas.limits(request.namespace)
-        return planning.plan(request, summary=self.summary(), profiles=self.profiles, quota=quota)
+        return planning.plan(request, summary=summary, profiles=self.profiles, quota=quota)
+
+    async def spend(self, pod: PodInfo, demand: PlanAnnotation) -> tuple[str, str]:
+        """At bind: the pod's pledge spent (or a fresh one within its quota);
+        ("", pledge id) or (the refusal, "")."""
+        if self.pledger is None:
+            return "", ""
+        quota = await self.quotas.limits(pod.ref.namespace)
+        return await self.pledger.spend(pod.ref, pod.pledge, sizing=demand, quota=quota)
 
     async def demand(self, pod: PodInfo) -> PlanAnnotation | str:
         """The pod's device demand: its ``hcs.io/plan`` annotation, or a plan
@@ -67,6 +96,7 @@ class Planner:
             requests=pod.requests,
             policy=pod.policy,
             pod_name=pod.ref.name,
+            dry_run=True,
         )
         found = await self.plan(request)
         if not found.ok:
@@ -112,11 +142,15 @@ class PlanService:
         self._subs = []
 
     async def _place(self, request: PlanRequest) -> Plan:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
-            return await self.planner.plan(request)
+            plan = await self.planner.place(request)
         except Exception as exc:  # a plan request must always get an answer
             _log.error("plan_failed", namespace=request.namespace, error=repr(exc), exc_info=exc)
-            return Plan(ok=False, reason=f"hcs: planning failed: {exc!r}")
+            plan = Plan(ok=False, reason=f"hcs: planning failed: {exc!r}")
+        PLAN_SECONDS.record(loop.time() - started, {"ok": str(plan.ok).lower()})
+        return plan
 
     async def _release(self, request: ReleaseRequest) -> AllocationEvent:
         event = await self.booker.release(request.pod, reason=request.reason or "release request")

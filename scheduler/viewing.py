@@ -58,6 +58,9 @@ class ClusterView:
         self.ready = asyncio.Event()
         self.applied = 0
         self.listeners: list[Callable[[str], None]] = []
+        # KV hcs_alloc keys that are not nodes (``pledges=<ns>``; no node name
+        # has ``=``): (key, value or None when deleted, revision)
+        self.key_listeners: list[Callable[[str, bytes | None, int], None]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._kv_ready = asyncio.Event()
         self._fp: Follower[NodeFingerprint] | None = None
@@ -142,6 +145,11 @@ class ClusterView:
         async for entry in watcher:
             if entry is None:
                 self._kv_ready.set()
+                continue
+            if "=" in entry.key:
+                gone = entry.operation in ("DEL", "PURGE")
+                for listener in self.key_listeners:
+                    listener(entry.key, None if gone else entry.value, entry.revision or 0)
                 continue
             node = subjects.node_from_token(entry.key)
             if entry.operation in ("DEL", "PURGE") or not entry.value:

@@ -334,8 +334,36 @@ async def test_absent_parents_are_added_whole_and_other_affinity_kept(
     pod["spec"]["affinity"] = anti
     result = patched(doc, await webhook.review(doc))
     kubernetes_validate.validate(result, "1.30", strict=True)
-    assert set(result["metadata"]["annotations"]) == {"hcs.io/plan", "hcs.io/plan-sig"}
+    annotations = set(result["metadata"]["annotations"]) - {"hcs.io/traceparent"}
+    assert annotations == {"hcs.io/plan", "hcs.io/plan-sig"}
     assert result["spec"]["affinity"]["podAntiAffinity"] == anti["podAntiAffinity"]
     assert "nodeAffinity" in result["spec"]["affinity"]
     assert {v["name"] for v in result["spec"]["volumes"]} == {"hcs-interceptor", "hcs-shm"}
     assert "env" in result["spec"]["containers"][0]
+
+
+async def test_the_plans_pledge_is_carried_signed_and_a_note_copied_to_another_pod_is_refused(
+    webhook: Webhook, responder: Responder
+) -> None:
+    import msgspec
+
+    responder.plan = msgspec.structs.replace(responder.plan, pledge="a1b2c3")
+    doc = gpu_review()
+    pod = patched(doc, await webhook.review(doc))
+    notes = pod["metadata"]["annotations"]
+    assert notes["hcs.io/pledge"] == "a1b2c3"
+    assert responder.requests[0].dry_run is False
+    # reinvocation: the same pod with its own note and pledge is not planned again
+    doc["request"]["object"] = pod
+    again = await webhook.review(doc)
+    assert again["allowed"] is True and len(responder.requests) == 1
+    # the note, its signature and the pledge copied onto a pod of another name
+    copy = gpu_review()
+    copy["request"]["object"]["metadata"]["name"] = "someone-else"
+    copy["request"]["object"]["metadata"].setdefault("annotations", {}).update(
+        {k: notes[k] for k in ("hcs.io/plan", "hcs.io/plan-sig", "hcs.io/pledge")}
+    )
+    refused = await webhook.review(copy)
+    assert refused["allowed"] is False
+    assert "hcs.io/pledge" in refused["status"]["message"]
+    assert len(responder.requests) == 1

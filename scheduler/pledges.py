@@ -1,0 +1,247 @@
+"""Pledges: the promises admission makes, kept in the ledger (KV ``hcs_alloc``)
+beside the reservations. Pure: documents in, documents and verdicts out; no
+I/O, no clock (``now`` is passed in).
+
+A non-dry-run admission that is planned writes a *pledge* into its
+namespace's document (key ``pledges=<namespace>``, one token, never a node
+name: node names have no ``=``): the class (vendor/model), the size
+(devices × VRAM, ACU) and the pod it was made for (name, or generateName
+when the pod had no name yet). Plans count pledges with reservations (a
+burst spreads over the classes with room) and quota verdicts do too (a burst
+never passes a quota): the document is written with compare-and-set, so two
+replicas can never both promise the last share of a quota.
+
+Life of a pledge::
+
+    made (admission) ──bind──▶ spent (uid of the pod) ──grace──▶ gone
+        │                         the pod's reservation carries the pledge id
+        └─ ttl, pod never bound / pod deleted ──▶ gone
+
+A pledge is *single use*: it is spent by one pod (its uid recorded), and a
+second pod presenting it (a copied plan note) is told so (``spend_verdict``).
+A spent pledge stays counted until the view shows the reservation that
+carries its id (then the reservation counts, never both), and is dropped a
+``grace_s`` after it was spent once that is so (``sweep``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from hcs_bus.messages import PodRef
+
+KEY_PREFIX = "pledges="
+
+SpendOutcome = Literal["spend", "again", "used", "foreign", "missing"]
+
+
+class Pledge(msgspec.Struct, frozen=True, kw_only=True):
+    """One promise: a class and size for one pod of a namespace."""
+
+    id: str
+    vendor: str
+    model: str
+    devices: int
+    vram_mib_per_device: int
+    whole_device: bool = False
+    acu_per_device: float = 0.0
+    time_s: float = 0.0
+    name: str = ""  # the pod's name at admission ("" with generateName)
+    generate_name: str = ""
+    spent_s: float | None = None
+    uid: str = ""  # the pod that spent it
+    pod: str = ""  # its name
+
+    @property
+    def key(self) -> str:
+        return f"{self.vendor}/{self.model}"
+
+    @property
+    def vram_mib(self) -> int:
+        return self.devices * self.vram_mib_per_device
+
+    @property
+    def acu(self) -> float:
+        return self.devices * self.acu_per_device
+
+
+class NamespacePledges(msgspec.Struct, frozen=True, tag="namespace_pledges", tag_field="type"):
+    """The value under ``pledges=<namespace>`` in KV ``hcs_alloc``."""
+
+    namespace: str
+    pledges: tuple[Pledge, ...] = ()
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What outstanding pledges hold: per pod, per class or per namespace."""
+
+    whole_devices: int = 0  # devices of whole-device pledges
+    slice_mib: int = 0  # VRAM of slice pledges
+    vram_mib: int = 0  # all VRAM
+    acu: float = 0.0
+    devices: int = 0
+
+    def plus(self, p: Pledge) -> Held:
+        return Held(
+            whole_devices=self.whole_devices + (p.devices if p.whole_device else 0),
+            slice_mib=self.slice_mib + (0 if p.whole_device else p.vram_mib),
+            vram_mib=self.vram_mib + p.vram_mib,
+            acu=self.acu + p.acu,
+            devices=self.devices + p.devices,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    outcome: SpendOutcome
+    pledge: Pledge | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("spend", "again")
+
+
+# ------------------------------------------------------------------ keys --
+
+
+def key_for(namespace: str) -> str:
+    return KEY_PREFIX + namespace
+
+
+def is_pledge_key(key: str) -> bool:
+    return key.startswith(KEY_PREFIX)
+
+
+def namespace_of(key: str) -> str:
+    return key.removeprefix(KEY_PREFIX)
+
+
+# -------------------------------------------------------------- counting --
+
+
+def outstanding(doc: NamespacePledges | None, *, reserved: Iterable[str] = ()) -> list[Pledge]:
+    """The pledges that still hold capacity: unspent ones, and spent ones
+    whose reservation (carrying the pledge id) is not in ``reserved`` yet."""
+    if doc is None:
+        return []
+    seen = set(reserved)
+    return [p for p in doc.pledges if p.spent_s is None or p.id not in seen]
+
+
+def held(pledges: Iterable[Pledge]) -> Held:
+    total = Held()
+    for p in pledges:
+        total = total.plus(p)
+    return total
+
+
+def per_class(pledges: Iterable[Pledge]) -> dict[str, Held]:
+    out: dict[str, Held] = {}
+    for p in pledges:
+        out[p.key] = out.get(p.key, Held()).plus(p)
+    return out
+
+
+def room_left(*, idle_devices: int, free_mib: int, vram_mib: int, pledged: Held) -> tuple[int, int]:
+    """(idle devices, free MiB) of a class once its pledges are placed: a
+    whole-device pledge takes idle devices, a slice pledge VRAM (and, counted
+    in whole devices of ``vram_mib``, the idle devices it may land on)."""
+    slice_devices = math.ceil(pledged.slice_mib / vram_mib) if vram_mib > 0 else 0
+    idle = idle_devices - pledged.whole_devices - slice_devices
+    return idle, free_mib - pledged.vram_mib
+
+
+# ------------------------------------------------------------- changing --
+
+
+def with_pledge(
+    doc: NamespacePledges | None, pledge: Pledge, *, namespace: str
+) -> NamespacePledges:
+    held_ = doc.pledges if doc is not None else ()
+    return NamespacePledges(namespace=namespace, pledges=(*held_, pledge))
+
+
+def find(doc: NamespacePledges | None, pledge_id: str) -> Pledge | None:
+    if doc is None or not pledge_id:
+        return None
+    return next((p for p in doc.pledges if p.id == pledge_id), None)
+
+
+def made_for(pledge: Pledge, ref: PodRef) -> bool:
+    """Whether ``ref`` is the pod the pledge was made for (by name, or by its
+    generateName when it had none at admission)."""
+    if pledge.name:
+        return ref.name == pledge.name
+    if pledge.generate_name:
+        return ref.name.startswith(pledge.generate_name)
+    return True
+
+
+def spend_verdict(doc: NamespacePledges | None, pledge_id: str, *, ref: PodRef) -> Spend:
+    """May the pod ``ref`` spend pledge ``pledge_id``? ``spend``: yes, first
+    time; ``again``: it already did (a retried bind); ``used``: another pod
+    spent it; ``foreign``: it was made for another pod; ``missing``: no such
+    pledge (expired, released, or never made)."""
+    found = find(doc, pledge_id)
+    if found is None:
+        return Spend("missing")
+    if found.spent_s is not None:
+        same = found.pod == ref.name and (not found.uid or not ref.uid or found.uid == ref.uid)
+        return Spend("again" if same else "used", found)
+    if not made_for(found, ref):
+        return Spend("foreign", found)
+    return Spend("spend", found)
+
+
+def spent(doc: NamespacePledges, pledge_id: str, *, ref: PodRef, now: float) -> NamespacePledges:
+    """``doc`` with the pledge marked spent by ``ref``."""
+    out = tuple(
+        msgspec.structs.replace(p, spent_s=now, uid=ref.uid, pod=ref.name)
+        if p.id == pledge_id
+        else p
+        for p in doc.pledges
+    )
+    return msgspec.structs.replace(doc, pledges=out)
+
+
+def without(doc: NamespacePledges, ids: Iterable[str]) -> NamespacePledges:
+    gone = set(ids)
+    return msgspec.structs.replace(doc, pledges=tuple(p for p in doc.pledges if p.id not in gone))
+
+
+def sweep(
+    doc: NamespacePledges,
+    *,
+    now: float,
+    ttl_s: float,
+    grace_s: float,
+    reserved: Iterable[str] = (),
+) -> tuple[list[Pledge], list[Pledge]]:
+    """(expired, done): unspent pledges older than ``ttl_s`` (their pod was
+    never bound), and spent ones whose reservation is in ``reserved`` for
+    ``grace_s`` (or spent ``ttl_s`` ago with none: the Binding failed and the
+    pod went away)."""
+    seen = set(reserved)
+    expired: list[Pledge] = []
+    done: list[Pledge] = []
+    for p in doc.pledges:
+        if p.spent_s is None:
+            if now - p.time_s > ttl_s:
+                expired.append(p)
+        elif (p.id in seen and now - p.spent_s > grace_s) or now - p.spent_s > ttl_s:
+            done.append(p)
+    return expired, done
+
+
+def usage_by_namespace(
+    docs: Mapping[str, NamespacePledges], *, reserved: Iterable[str] = ()
+) -> dict[str, Held]:
+    seen = set(reserved)
+    return {ns: held(outstanding(doc, reserved=seen)) for ns, doc in docs.items()}

@@ -1,0 +1,317 @@
+"""Pledges in KV ``hcs_alloc`` (rules in ``scheduler.pledges``): made when a
+non-dry-run plan is given, spent at bind, swept when expired or done,
+released when the pod is deleted.
+
+Plan and pledge are one step per namespace: the namespace's document is read
+(or taken from the last write), the plan is computed with every outstanding
+pledge counted, and the pledge is written with compare-and-set on the
+document's revision; a lost race re-plans against the winner's document. One
+lock per namespace keeps a replica from racing itself. Other namespaces'
+pledges (for class room) come from the view's KV watch (``apply``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from nats.errors import Error as NatsError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
+from hcs_bus.messages import Plan, PlanRequest, PodRef
+from hcs_bus.telemetry import logger, meter
+from scheduler import planning, pledges
+from scheduler.pledges import NamespacePledges, Pledge
+from scheduler.pods import PlanAnnotation as Sizing
+
+_log = logger("hcs.scheduler.pledging")
+_meter = meter("hcs.scheduler")
+PLEDGES = _meter.create_counter("hcs_scheduler_pledges", description="pledge outcomes")
+MAX_ATTEMPTS = 50
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(NamespacePledges)
+
+PlanFn = Callable[[PlanRequest, planning.Summary], Awaitable[Plan]]
+
+
+class _Held(msgspec.Struct):
+    doc: NamespacePledges | None
+    revision: int | None
+
+
+class Pledger:
+    """One replica's pledges: the documents it knows, and the CAS writes."""
+
+    def __init__(
+        self,
+        *,
+        kv: KeyValue,
+        summary: Callable[[], planning.Summary],
+        clock: Callable[[], float] = time.time,
+        ttl_s: float = 300.0,
+        grace_s: float = 30.0,
+    ) -> None:
+        self.kv, self.summary, self.clock = kv, summary, clock
+        self.ttl_s, self.grace_s = ttl_s, grace_s
+        self.docs: dict[str, _Held] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- documents --------------------------------------------------------
+    def apply(self, key: str, value: bytes | None, revision: int) -> None:
+        """A KV watch entry for a ``pledges=`` key (None/empty: deleted)."""
+        ns = pledges.namespace_of(key)
+        held = self.docs.get(ns)
+        if held is not None and held.revision is not None and held.revision >= revision:
+            return
+        if not value:
+            self.docs[ns] = _Held(None, revision)
+            return
+        try:
+            self.docs[ns] = _Held(_DECODER.decode(value), revision)
+        except msgspec.MsgspecError as exc:
+            _log.error("bad_pledge_doc", key=key, rev=revision, error=str(exc))
+
+    async def read(self, namespace: str) -> _Held:
+        key = pledges.key_for(namespace)
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return _Held(None, None)
+        except NatsError as exc:
+            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
+        held = _Held(None, entry.revision)
+        if entry.value:
+            try:
+                held = _Held(_DECODER.decode(entry.value), entry.revision)
+            except msgspec.MsgspecError as exc:
+                raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
+        self._remember(namespace, held)
+        return held
+
+    async def write(self, namespace: str, doc: NamespacePledges, *, revision: int | None) -> None:
+        key, data = pledges.key_for(namespace), _ENCODER.encode(doc)
+        try:
+            if revision is None:
+                rev = await self.kv.create(key, data)
+            else:
+                rev = await self.kv.update(key, data, last=revision)
+        except KeyWrongLastSequenceError as exc:
+            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
+        except NatsError as exc:  # a create that lost its race lands here too
+            if revision is None and "wrong last sequence" in str(exc).lower():
+                raise CasConflict(f"{key}: created meanwhile") from exc
+            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
+        self._remember(namespace, _Held(doc, int(rev)))
+
+    def _remember(self, namespace: str, held: _Held) -> None:
+        now = self.docs.get(namespace)
+        if now is None or now.revision is None or (held.revision or 0) >= now.revision:
+            self.docs[namespace] = held
+
+    def lock(self, namespace: str) -> asyncio.Lock:
+        found = self._locks.get(namespace)
+        if found is None:
+            found = self._locks[namespace] = asyncio.Lock()
+        return found
+
+    # -- counting ---------------------------------------------------------
+    def charged(self, summary: planning.Summary) -> planning.Summary:
+        """The view's summary with every known outstanding pledge counted."""
+        ids = summary.pledge_ids
+        live: list[Pledge] = []
+        by_ns: dict[str, pledges.Held] = {}
+        for ns, held in self.docs.items():
+            mine = pledges.outstanding(held.doc, reserved=ids)
+            if mine:
+                live += mine
+                by_ns[ns] = pledges.held(mine)
+        if not live:
+            return summary
+        return planning.charged(summary, by_class=pledges.per_class(live), by_namespace=by_ns)
+
+    # -- make -------------------------------------------------------------
+    async def place(self, request: PlanRequest, plan: PlanFn) -> Plan:
+        """Plan ``request`` with the pledges counted and, when it is a plan,
+        record its pledge; the Plan carries the pledge id."""
+        ns = request.namespace
+        async with self.lock(ns):
+            held = self.docs.get(ns) or await self.read(ns)
+            for _attempt in range(MAX_ATTEMPTS):
+                found = await plan(request, self.charged(self.summary()))
+                if not found.ok or found.devices < 1:
+                    PLEDGES.add(1, {"outcome": "refused"})
+                    return found
+                pledge = self._pledge(request, found)
+                doc = pledges.with_pledge(held.doc, pledge, namespace=ns)
+                try:
+                    await self.write(ns, doc, revision=held.revision)
+                except CasConflict:
+                    held = await self.read(ns)
+                    continue
+                PLEDGES.add(1, {"outcome": "made"})
+                return msgspec.structs.replace(found, pledge=pledge.id)
+        raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
+
+    def _pledge(self, request: PlanRequest, plan: Plan) -> Pledge:
+        return Pledge(
+            id=secrets.token_hex(8),
+            vendor=plan.vendor,
+            model=plan.model,
+            devices=plan.devices,
+            vram_mib_per_device=plan.vram_mib_per_device,
+            whole_device=plan.whole_device,
+            acu_per_device=plan.acu_per_device,
+            time_s=self.clock(),
+            name="" if request.generate_name else request.pod_name,
+            generate_name=request.generate_name,
+        )
+
+    # -- spend at bind ----------------------------------------------------
+    async def spend(
+        self, ref: PodRef, pledge_id: str, *, sizing: Sizing, quota: planning.QuotaLimits | None
+    ) -> tuple[str, str]:
+        """Turn the pod's pledge into the right to reserve: ("", id) when it may
+        (the id to record on its reservation), or (why not, "").
+
+        A pledge another pod spent, made for another pod, expired or never
+        made: the pod is re-planned here, in its planned class, against the
+        quota with every pledge counted (a fresh pledge, spent at once)."""
+        ns = ref.namespace
+        async with self.lock(ns):
+            for _attempt in range(MAX_ATTEMPTS):
+                held = await self.read(ns)
+                verdict = pledges.spend_verdict(held.doc, pledge_id, ref=ref)
+                if verdict.outcome == "again":
+                    return "", pledge_id
+                if verdict.outcome == "spend" and held.doc is not None:
+                    doc = pledges.spent(held.doc, pledge_id, ref=ref, now=self.clock())
+                else:
+                    why = _why(verdict, pledge_id)
+                    refusal = self._over_quota(ns, sizing=sizing, quota=quota)
+                    if refusal:
+                        PLEDGES.add(1, {"outcome": "bind_refused"})
+                        return f"hcs: {ns}/{ref.name}: {why}; re-planned: {refusal}", ""
+                    if verdict.outcome != "missing" or pledge_id:
+                        _log.warning("pledge_replanned", pod=f"{ns}/{ref.name}", why=why)
+                    fresh = self._fresh(ref, sizing)
+                    doc = pledges.with_pledge(held.doc, fresh, namespace=ns)
+                    pledge_id = fresh.id
+                try:
+                    await self.write(ns, doc, revision=held.revision)
+                except CasConflict:
+                    continue
+                PLEDGES.add(1, {"outcome": "spent"})
+                return "", pledge_id
+        raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
+
+    def _over_quota(
+        self, namespace: str, *, sizing: Sizing, quota: planning.QuotaLimits | None
+    ) -> str:
+        if quota is None:
+            return ""
+        size = planning.Sizing(
+            sizing.devices,
+            sizing.vram_mib_per_device,
+            sizing.whole_device,
+            sizing.acu_per_device,
+            0.0,
+            "",
+        )
+        summary = self.charged(self.summary())
+        verdict = planning.check_quota(namespace, sizing=size, summary=summary, quota=quota)
+        return verdict.reason
+
+    def _fresh(self, ref: PodRef, sizing: Sizing) -> Pledge:
+        now = self.clock()
+        return Pledge(
+            id=secrets.token_hex(8),
+            vendor=sizing.vendor,
+            model=sizing.model,
+            devices=sizing.devices,
+            vram_mib_per_device=sizing.vram_mib_per_device,
+            whole_device=sizing.whole_device,
+            acu_per_device=sizing.acu_per_device,
+            time_s=now,
+            name=ref.name,
+            spent_s=now,
+            uid=ref.uid,
+            pod=ref.name,
+        )
+
+    # -- release / sweep --------------------------------------------------
+    async def release(self, namespace: str, pledge_id: str, *, reason: str) -> bool:
+        """Drop a pledge (its pod was deleted); True when it was there."""
+
+        def pick(doc: NamespacePledges) -> list[Pledge]:
+            return [p for p in doc.pledges if p.id == pledge_id]
+
+        return bool(await self._drop(namespace, pick, reason=reason))
+
+    async def sweep(self) -> int:
+        """Drop expired pledges and spent ones whose reservation is in the view."""
+        ids = self.summary().pledge_ids
+        now, count = self.clock(), 0
+
+        def pick(doc: NamespacePledges) -> list[Pledge]:
+            expired, done = pledges.sweep(
+                doc, now=now, ttl_s=self.ttl_s, grace_s=self.grace_s, reserved=ids
+            )
+            for p in expired:
+                _log.warning("pledge_expired", namespace=doc.namespace, pledge=p.id, name=p.name)
+            return expired + done
+
+        for ns in list(self.docs):
+            count += await self._drop(ns, pick, reason="sweep")
+        return count
+
+    async def _drop(
+        self,
+        namespace: str,
+        pick: Callable[[NamespacePledges], list[Pledge]],
+        *,
+        reason: str,
+    ) -> int:
+        async with self.lock(namespace):
+            for _attempt in range(MAX_ATTEMPTS):
+                held = await self.read(namespace)
+                if held.doc is None:
+                    return 0
+                gone = pick(held.doc)
+                if not gone:
+                    return 0
+                doc = pledges.without(held.doc, [p.id for p in gone])
+                try:
+                    await self.write(namespace, doc, revision=held.revision)
+                except CasConflict:
+                    continue
+                PLEDGES.add(len(gone), {"outcome": reason})
+                return len(gone)
+        raise CasConflict(f"hcs: pledges of {namespace}: {MAX_ATTEMPTS} compare-and-set conflicts")
+
+
+def _why(verdict: pledges.Spend, pledge_id: str) -> str:
+    if not pledge_id:
+        return "no pledge (admitted without one)"
+    if verdict.outcome == "used" and verdict.pledge is not None:
+        return (
+            f"pledge {pledge_id} was already used by pod {verdict.pledge.pod} (a copied plan note)"
+        )
+    if verdict.outcome == "foreign" and verdict.pledge is not None:
+        made = verdict.pledge.name or verdict.pledge.generate_name + "*"
+        return f"pledge {pledge_id} was made for pod {made} (a copied plan note)"
+    return f"pledge {pledge_id} is gone (expired or released)"
+
+
+async def sweep_loop(pledger: Pledger, *, every_s: float = 5.0) -> None:
+    """Sweep forever; a failed round is logged and tried again."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await pledger.sweep()
+        except HcsError as exc:
+            _log.warning("pledge_sweep_failed", error=str(exc))

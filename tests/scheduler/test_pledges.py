@@ -1,0 +1,231 @@
+"""Pledges' pure rules (``scheduler.pledges``) and plans that count them:
+never over capacity or quota counting pledges, pledge → spent → reservation
+→ gone, expiry, single use."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hcs_bus.messages import PlanRequest, PodRef, Policy, Requests
+from scheduler import planning, pledges
+from scheduler.pledges import NamespacePledges, Pledge
+from tests.scheduler.helpers import DB, node_fp, state_of
+
+A100 = "nvidia/A100-80G"
+T4 = "nvidia/T4"
+
+
+def _pledge(
+    i: int, *, devices: int = 1, vram: int = 81920, whole: bool = True, **kw: object
+) -> Pledge:
+    fields: dict = {
+        "id": f"p{i}",
+        "vendor": "nvidia",
+        "model": "A100-80G",
+        "devices": devices,
+        "vram_mib_per_device": vram,
+        "whole_device": whole,
+        "acu_per_device": 100.0,
+        "time_s": 0.0,
+        "name": f"pod-{i}",
+    }
+    fields.update(kw)
+    return Pledge(**fields)
+
+
+def _summary(*fps: object) -> planning.Summary:
+    return planning.summarise(state_of(*fps).nodes.values())  # type: ignore[arg-type]
+
+
+def _charge(summary: planning.Summary, docs: dict[str, NamespacePledges]) -> planning.Summary:
+    live = [p for d in docs.values() for p in pledges.outstanding(d, reserved=summary.pledge_ids)]
+    return planning.charged(
+        summary,
+        by_class=pledges.per_class(live),
+        by_namespace=pledges.usage_by_namespace(docs, reserved=summary.pledge_ids),
+    )
+
+
+def _plan(
+    requests: Requests, summary: planning.Summary, *, ns: str = "ml", quota: object = None
+) -> object:
+    request = PlanRequest(namespace=ns, requests=requests, policy=Policy())
+    return planning.plan(request, summary=summary, profiles=DB, quota=quota)  # type: ignore[arg-type]
+
+
+def _made(plan: object, i: int) -> Pledge:
+    return Pledge(
+        id=f"p{i}",
+        vendor=plan.vendor,  # type: ignore[attr-defined]
+        model=plan.model,  # type: ignore[attr-defined]
+        devices=plan.devices,  # type: ignore[attr-defined]
+        vram_mib_per_device=plan.vram_mib_per_device,  # type: ignore[attr-defined]
+        whole_device=plan.whole_device,  # type: ignore[attr-defined]
+        acu_per_device=plan.acu_per_device,  # type: ignore[attr-defined]
+        name=f"pod-{i}",
+    )
+
+
+def test_a_burst_spreads_over_classes_once_pledges_fill_the_best_one() -> None:
+    # one T4 node with 4 devices, one A100 node: 16 GiB pods fit a T4 best,
+    # so the first 4 go there, then the A100s take the rest
+    summary = _summary(node_fp("t4-1", T4, count=4), node_fp("a100-1", A100, count=8))
+    doc = NamespacePledges(namespace="ml")
+    models = []
+    for i in range(8):
+        plan = _plan(Requests(vram_mib=15000, acu=10), _charge(summary, {"ml": doc}))
+        assert plan.ok, plan.reason  # type: ignore[attr-defined]
+        models.append(plan.model)  # type: ignore[attr-defined]
+        doc = pledges.with_pledge(doc, _made(plan, i), namespace="ml")
+    assert models[:4] == ["T4"] * 4
+    assert set(models[4:]) == {"A100-80G"}
+
+
+def test_a_quota_counts_pledges_so_a_burst_stops_at_the_quota() -> None:
+    summary = _summary(node_fp("a100-1", A100, count=8))
+    quota = planning.QuotaLimits(vram_mib=2 * 81920)
+    doc = NamespacePledges(namespace="ml")
+    admitted = 0
+    for i in range(20):
+        plan = _plan(Requests(devices=1), _charge(summary, {"ml": doc}), quota=quota)
+        if plan.ok:  # type: ignore[attr-defined]
+            admitted += 1
+            doc = pledges.with_pledge(doc, _made(plan, i), namespace="ml")
+        else:
+            assert "quota of namespace ml exceeded" in plan.reason  # type: ignore[attr-defined]
+    assert admitted == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(
+        st.sampled_from([Requests(devices=1), Requests(devices=2), Requests(vram_mib=20000)]),
+        min_size=1,
+        max_size=40,
+    ),
+    nodes=st.integers(min_value=1, max_value=3),
+)
+def test_pledges_made_while_a_class_has_room_never_exceed_its_capacity(
+    sizes: list[Requests], nodes: int
+) -> None:
+    summary = _summary(*(node_fp(f"a100-{n}", A100, count=4) for n in range(nodes)))
+    stats = summary.classes[A100]
+    doc = NamespacePledges(namespace="ml")
+    for i, req in enumerate(sizes):
+        charged = _charge(summary, {"ml": doc})
+        plan = _plan(req, charged)
+        if not plan.ok or "no node has room now" in plan.reason:  # type: ignore[attr-defined]
+            continue
+        doc = pledges.with_pledge(doc, _made(plan, i), namespace="ml")
+        total = pledges.held(doc.pledges)
+        idle, free = pledges.room_left(
+            idle_devices=stats.idle_devices,
+            free_mib=stats.free_mib,
+            vram_mib=stats.vram_mib,
+            pledged=total,
+        )
+        assert idle >= 0 and free >= 0, (total, stats.idle_devices)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    asks=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=30),
+    hard=st.integers(min_value=1, max_value=10),
+)
+def test_a_quota_is_never_passed_counting_pledges(asks: list[int], hard: int) -> None:
+    summary = _summary(node_fp("a100-1", A100, count=8), node_fp("a100-2", A100, count=8))
+    quota = planning.QuotaLimits(vram_mib=hard * 81920)
+    doc = NamespacePledges(namespace="ml")
+    for i, n in enumerate(asks):
+        plan = _plan(Requests(devices=n), _charge(summary, {"ml": doc}), quota=quota)
+        if plan.ok:  # type: ignore[attr-defined]
+            doc = pledges.with_pledge(doc, _made(plan, i), namespace="ml")
+    assert pledges.held(doc.pledges).vram_mib <= hard * 81920
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["spend", "reserve", "sweep", "copy"]), st.integers(0, 4)),
+        max_size=40,
+    )
+)
+def test_pledge_turns_into_a_reservation_once_and_is_counted_once(
+    steps: list[tuple[str, int]],
+) -> None:
+    """Whatever the order of binds, copies, reservations showing up and sweeps:
+    a pledge is spent by one pod only, and each promise is counted exactly once
+    (as an outstanding pledge or as its reservation) until it is swept."""
+    doc = NamespacePledges(namespace="ml", pledges=tuple(_pledge(i) for i in range(5)))
+    reserved: set[str] = set()
+    spenders: dict[str, str] = {}
+    now = 0.0
+    for action, i in steps:
+        now += 1.0
+        pid = f"p{i}"
+        if action in ("spend", "copy"):
+            ref = PodRef(
+                namespace="ml", name=f"pod-{i}" if action == "spend" else "thief", uid=f"u{i}"
+            )
+            verdict = pledges.spend_verdict(doc, pid, ref=ref)
+            if verdict.outcome == "spend":
+                doc = pledges.spent(doc, pid, ref=ref, now=now)
+                spenders[pid] = ref.name
+            elif verdict.ok:
+                assert spenders[pid] == ref.name
+            if action == "copy":
+                assert verdict.outcome in ("used", "foreign", "missing"), verdict
+        elif action == "reserve" and pid in spenders:
+            reserved.add(pid)
+        elif action == "sweep":
+            expired, done = pledges.sweep(
+                doc, now=now, ttl_s=1000.0, grace_s=3.0, reserved=reserved
+            )
+            assert not expired
+            assert all(p.id in reserved for p in done)
+            doc = pledges.without(doc, [p.id for p in done])
+        counted = {p.id for p in pledges.outstanding(doc, reserved=reserved)}
+        assert not counted & reserved  # never both
+        assert counted | reserved >= {p.id for p in doc.pledges}
+    assert set(spenders.values()) <= {f"pod-{i}" for i in range(5)}
+
+
+def test_an_unspent_pledge_expires_after_its_ttl_and_a_spent_one_stays_until_reserved() -> None:
+    doc = NamespacePledges(
+        namespace="ml",
+        pledges=(_pledge(1, time_s=0.0), _pledge(2, time_s=0.0, spent_s=5.0, uid="u", pod="pod-2")),
+    )
+    expired, done = pledges.sweep(doc, now=50.0, ttl_s=100.0, grace_s=10.0)
+    assert (expired, done) == ([], [])
+    expired, done = pledges.sweep(doc, now=101.0, ttl_s=100.0, grace_s=10.0, reserved={"p2"})
+    assert [p.id for p in expired] == ["p1"]
+    assert [p.id for p in done] == ["p2"]
+    # a spent pledge whose reservation never shows (the Binding failed, the pod left)
+    expired, done = pledges.sweep(doc, now=106.0, ttl_s=100.0, grace_s=10.0)
+    assert [p.id for p in done] == ["p2"]
+
+
+def test_a_pledge_is_spent_by_the_pod_it_was_made_for_only() -> None:
+    doc = NamespacePledges(
+        namespace="ml",
+        pledges=(_pledge(1), _pledge(2, name="", generate_name="web-")),
+    )
+    me = PodRef(namespace="ml", name="pod-1", uid="u1")
+    assert pledges.spend_verdict(doc, "p1", ref=me).outcome == "spend"
+    other = PodRef(namespace="ml", name="pod-9", uid="u9")
+    assert pledges.spend_verdict(doc, "p1", ref=other).outcome == "foreign"
+    assert pledges.spend_verdict(doc, "p2", ref=PodRef(namespace="ml", name="web-x1")).ok
+    assert pledges.spend_verdict(doc, "p2", ref=other).outcome == "foreign"
+    after = pledges.spent(doc, "p1", ref=me, now=1.0)
+    assert pledges.spend_verdict(after, "p1", ref=me).outcome == "again"
+    replaced = msgspec.structs.replace(me, uid="u2")  # same name, a new pod
+    assert pledges.spend_verdict(after, "p1", ref=replaced).outcome == "used"
+    assert pledges.spend_verdict(after, "nope", ref=me).outcome == "missing"
+
+
+def test_pledge_documents_never_look_like_node_keys() -> None:
+    key = pledges.key_for("ml-team")
+    assert pledges.is_pledge_key(key) and "=" in key and "." not in key
+    assert pledges.namespace_of(key) == "ml-team"

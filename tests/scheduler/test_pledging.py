@@ -1,0 +1,182 @@
+"""Pledges in KV ``hcs_alloc`` on a real nats-server: made by the plan service
+for non-dry-run plans, counted by every replica's plans and quota verdicts,
+spent at bind (single use), released and swept."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from hcs_bus import streams
+from hcs_bus.bus import Bus, connect
+from hcs_bus.messages import PlanRequest, PodRef, Policy, Requests
+from hcs_bus.settings import BusSettings
+from scheduler import planning, pledges, watching
+from scheduler.pledging import Pledger
+from scheduler.pods import PlanAnnotation, PodInfo
+from scheduler.serving import ask_plan
+from tests.scheduler.conftest import Start
+from tests.scheduler.helpers import node_fp, publish_fleet, until
+
+NODES = ("gpu-0", "gpu-1")
+WHOLE = PlanAnnotation(
+    vendor="nvidia",
+    model="A100-80G",
+    devices=1,
+    vram_mib_per_device=81920,
+    whole_device=True,
+    acu_per_device=100.0,
+)
+
+
+def _quota_file(tmp_path: Path, *, gib: int) -> str:
+    path = tmp_path / "quotas.yaml"
+    path.write_text(f"namespaces:\n  ml: {{vram: {gib}Gi}}\n")
+    return str(path)
+
+
+def _request(i: int, *, dry_run: bool = False) -> PlanRequest:
+    return PlanRequest(
+        namespace="ml",
+        requests=Requests(devices=1),
+        policy=Policy(),
+        pod_name=f"p{i}",
+        dry_run=dry_run,
+    )
+
+
+def _pod(name: str, *, pledge: str, uid: str | None = None) -> PodInfo:
+    return PodInfo(
+        ref=PodRef(namespace="ml", name=name, uid=uid or f"uid-{name}"),
+        requests=None,
+        policy=Policy(),
+        annotation=WHOLE,
+        priority=0,
+        job=None,
+        pledge=pledge,
+    )
+
+
+async def _doc(bus: Bus) -> pledges.NamespacePledges | None:
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    entry = await kv.get(pledges.key_for("ml"))
+    import msgspec
+
+    return msgspec.json.decode(entry.value or b"", type=pledges.NamespacePledges)
+
+
+async def test_twenty_plans_at_once_on_two_replicas_pledge_exactly_the_quota(
+    bus: Bus, bus_settings: BusSettings, start_scheduler: Start, tmp_path: Path
+) -> None:
+    await publish_fleet(bus, *(node_fp(n) for n in NODES))
+    quota = _quota_file(tmp_path, gib=2 * 80)
+    buses = [await connect(bus_settings, name=f"replica-{i}") for i in range(2)]
+    replicas = []
+    try:
+        replicas = [await start_scheduler(b, http=False, quota_file=quota) for b in buses]
+        for r in replicas:
+            await until(lambda r=r: len(r.view.state.nodes) == len(NODES))
+        plans = await asyncio.gather(
+            *(ask_plan(bus, _request(i), timeout_s=5.0) for i in range(20))
+        )
+        dry = await ask_plan(bus, _request(99, dry_run=True), timeout_s=5.0)
+    finally:
+        for r in replicas:
+            await r.stop()
+        for b in buses:
+            await b.nc.close()
+    admitted = [p for p in plans if p.ok]
+    assert len(admitted) == 2, [p.reason for p in plans]
+    assert all(p.pledge for p in admitted) and len({p.pledge for p in admitted}) == 2
+    assert all("quota of namespace ml exceeded" in p.reason for p in plans if not p.ok)
+    doc = await _doc(bus)
+    assert doc is not None and {p.id for p in doc.pledges} == {p.pledge for p in admitted}
+    assert {p.name for p in doc.pledges} <= {f"p{i}" for i in range(20)}
+    # a dry run records nothing and is refused by the same count
+    assert not dry.ok and not dry.pledge
+
+
+async def test_bind_spends_the_pledge_once_and_a_copied_pledge_is_replanned_against_the_quota(
+    bus: Bus, start_scheduler: Start, tmp_path: Path
+) -> None:
+    await publish_fleet(bus, node_fp("gpu-0"))
+    sched = await start_scheduler(bus, http=False, quota_file=_quota_file(tmp_path, gib=80))
+    await until(lambda: "gpu-0" in sched.view.state.nodes)
+    plan = await sched.planner.place(_request(1))
+    assert plan.ok and plan.pledge, plan.reason
+    assert await sched.booker.bind(_pod("p1", pledge=plan.pledge), WHOLE, node="gpu-0") in (
+        "",
+        "no cluster: Binding not posted",
+    )
+    held = (await sched.booker.read("gpu-0")).doc
+    assert held is not None and [r.pledge for r in held.reservations] == [plan.pledge]
+    # another pod presenting the same pledge (a copied plan note): re-planned,
+    # and the quota (80 GiB, held by p1) refuses it with the reason
+    error = await sched.booker.bind(_pod("p2", pledge=plan.pledge), WHOLE, node="gpu-0")
+    assert f"pledge {plan.pledge} was already used by pod p1" in error
+    assert "quota of namespace ml exceeded" in error
+    held = (await sched.booker.read("gpu-0")).doc
+    assert held is not None and [r.pod.name for r in held.reservations] == ["p1"]
+    # p1's bind retried: its own pledge again, no second reservation
+    await sched.booker.bind(_pod("p1", pledge=plan.pledge), WHOLE, node="gpu-0")
+    held = (await sched.booker.read("gpu-0")).doc
+    assert held is not None and len(held.reservations) == 1
+
+
+async def test_a_pod_deleted_before_bind_gives_its_pledge_back(
+    bus: Bus, start_scheduler: Start, tmp_path: Path
+) -> None:
+    await publish_fleet(bus, node_fp("gpu-0"))
+    sched = await start_scheduler(bus, http=False, quota_file=_quota_file(tmp_path, gib=80))
+    await until(lambda: "gpu-0" in sched.view.state.nodes)
+    first = await sched.planner.place(_request(1))
+    assert first.ok
+    refused = await sched.planner.place(_request(2))
+    assert not refused.ok and "quota" in refused.reason
+    pod = {
+        "metadata": {
+            "namespace": "ml",
+            "name": "p1",
+            "uid": "u1",
+            "annotations": {"hcs.io/pledge": first.pledge},
+        }
+    }
+    await watching.on_pod_event(sched.booker, "DELETED", pod)
+    doc = await _doc(bus)
+    assert doc is not None and doc.pledges == ()
+    again = await sched.planner.place(_request(2))
+    assert again.ok, again.reason
+
+
+async def test_pledges_never_bound_expire_and_spent_ones_go_once_their_reservation_is_seen(
+    bus: Bus,
+) -> None:
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    now = [1000.0]
+    reserved: set[str] = set()
+
+    def summary() -> planning.Summary:
+        return planning.Summary(classes={}, usage={}, pledge_ids=frozenset(reserved))
+
+    book = Pledger(kv=kv, summary=summary, clock=lambda: now[0], ttl_s=60.0, grace_s=5.0)
+
+    async def plan(request: PlanRequest, _summary: planning.Summary) -> object:
+        from hcs_bus.messages import Plan
+
+        return Plan(ok=True, vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=1)
+
+    a = await book.place(_request(1), plan)  # type: ignore[arg-type]
+    b = await book.place(_request(2), plan)  # type: ignore[arg-type]
+    error, spent = await book.spend(
+        PodRef(namespace="ml", name="p2", uid="u2"), b.pledge, sizing=WHOLE, quota=None
+    )
+    assert (error, spent) == ("", b.pledge)
+    now[0] += 30.0
+    assert await book.sweep() == 0  # p1 not expired yet; p2's reservation not seen
+    reserved.add(b.pledge)
+    assert await book.sweep() == 1  # p2 done
+    now[0] += 31.0
+    assert await book.sweep() == 1  # p1 expired
+    doc = await _doc(bus)
+    assert doc is not None and doc.pledges == ()
+    assert a.pledge != b.pledge
