@@ -21,7 +21,7 @@ from hcs_bus.profiles import ProfileDB
 from hcs_bus.profiles import load as load_profiles
 from hcs_bus.settings import Settings
 from hcs_bus.telemetry import logger, meter
-from scheduler import console, placing, watching
+from scheduler import console, placing, stranding, watching
 from scheduler.booking import Booker, Kube
 from scheduler.extending import Extender, serve
 from scheduler.quotas import QuotaSource
@@ -128,5 +128,9 @@ async def run(
         running.append(tasks.start(watching.watch_nodes(kube, view), name="node-watch"))
         reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)
         running.append(tasks.start(reconciling, name="pod-reconcile"))
+        strands = stranding.of_settings(
+            kube=kube, planner=planner, settings=settings, replica=replica
+        )
+        running.append(tasks.start(strands.run(ready=view.ready), name="stranding"))
     _log.info("scheduler_started", replica=replica, cluster=kube is not None)
     return Scheduler(view, planner, booker, service, extender, runner, running)

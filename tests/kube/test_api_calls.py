@@ -74,6 +74,11 @@ SCENARIOS: dict[str, Scenario] = {
     "get_pod": lambda k, s: k.get_pod(NS, "p"),
     "list_pods": lambda k, s: k.list_pods(namespace=NS),
     "watch_pods": _watch,
+    "patch_pod_annotations": lambda k, s: k.patch_pod_annotations(NS, "q", {"hcs.io/wake": "1"}),
+    "patch_pod_condition": lambda k, s: k.patch_pod_condition(
+        NS, "q", {"type": "HCSStranded", "status": "True"}
+    ),
+    "create_event": lambda k, s: k.create_event(NS, {"metadata": {"name": "q.1"}, "reason": "x"}),
     "watch_nodes": _watch_nodes,
     "get_lease": lambda k, s: k.get_lease(NS, "l"),
     "create_lease": lambda k, s: k.create_lease(NS, {**LEASE, "metadata": {"name": "new"}}),
