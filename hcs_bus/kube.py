@@ -83,6 +83,7 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "replace_lease": (ApiCall(_COORD, "leases", ("update",)),),
     "list_compute_quotas": (ApiCall(CRD_GROUP, "computequotas", ("list",)),),
     "patch_compute_quota_usage": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
+    "patch_compute_quota_used": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
     "patch_compute_node_status": (
         ApiCall(CRD_GROUP, "computenodes/status", ("patch",)),
         ApiCall(CRD_GROUP, "computenodes", ("create",)),
@@ -508,6 +509,23 @@ class Kube:
             "computequotas",
             name,
             {"status": {"usage": usage}},
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_compute_quota_used(
+        self, namespace: str, name: str, used: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch ``status.used`` of a ComputeQuota (what the ledger holds
+        for the namespace: reservations and pledges); the rest is left alone."""
+        return await self._call(
+            f"patch used of computequota {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object_status,
+            CRD_GROUP,
+            CRD_VERSION,
+            namespace,
+            "computequotas",
+            name,
+            {"status": {"used": used}},
             _content_type=MERGE_PATCH,
         )
 
