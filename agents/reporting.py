@@ -23,13 +23,15 @@ from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import DeviceFingerprint, HealthEvent, NodeFingerprint
-from hcs_bus.telemetry import logger, meter
+from hcs_bus.telemetry import logger, meter, zero_init
 
 AGENT_VERSION = "0.1.0"
 _log = logger("hcs.agent.reporting")
 _meter = meter("hcs.agent")
-DROPPED = _meter.create_counter(
-    "hcs_agent_outbox_dropped", description="messages dropped, outbox full"
+DROPPED = zero_init(
+    _meter.create_counter("hcs_agent_outbox_dropped", description="messages dropped, outbox full"),
+    {"kind": "fingerprint"},
+    {"kind": "health"},
 )
 
 

@@ -37,7 +37,7 @@ from hcs_bus.deadletters import DEAD_LETTERS, DeadLetters, family
 from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.redacting import redact_text, redact_url
 from hcs_bus.settings import BusSettings
-from hcs_bus.telemetry import extract_context, inject_headers, logger, meter, tracer
+from hcs_bus.telemetry import inject_headers, logger, meter, span
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -45,7 +45,6 @@ R = TypeVar("R")
 _log = logger("hcs.bus")
 _meter = meter("hcs.bus")
 PUBLISHED = _meter.create_counter("hcs_bus_published", description="messages published")
-_tracer = tracer("hcs.bus")
 
 MSG_ID = "Nats-Msg-Id"
 
@@ -259,7 +258,7 @@ class Bus:
                 await msg.respond(messages.encode(on_bad(f"bad request: {exc}")))
                 return
             try:
-                with _tracer.start_as_current_span(subject, context=extract_context(msg.headers)):
+                with span(f"serve {subject}", headers=msg.headers):
                     answer = await handler(value)
             except Exception as exc:  # the asker gets a reason now, not a timeout later
                 _log.error("request_failed", subject=subject, error=repr(exc), exc_info=exc)

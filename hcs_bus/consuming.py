@@ -36,7 +36,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from hcs_bus import messages, tasks
 from hcs_bus.deadletters import MAX_MESSAGE_BYTES, decode_or_reason, origin
 from hcs_bus.errors import PermanentError, TemporaryError
-from hcs_bus.telemetry import logger
+from hcs_bus.telemetry import consuming, logger
 
 if TYPE_CHECKING:
     from hcs_bus.bus import Bus
@@ -221,7 +221,8 @@ class Consumer(Generic[T]):
 
     async def _hand_on(self, good: list[Delivery[T]], msgs: list[Msg]) -> None:
         try:
-            await self.handle(good)
+            with consuming((item.subject, item.headers) for item in good):
+                await self.handle(good)
         except TemporaryError as exc:
             _log.warning("batch_retry", consumer=self.name, error=str(exc), delay_s=exc.delay_s)
             await self._retry(good, msgs, reason=str(exc), delay_s=exc.delay_s)
@@ -356,7 +357,8 @@ class Follower(Generic[T]):
         else:
             try:
                 item = Delivery(msg.subject, cast(T, value), where.seq, where.pending, msg.headers)
-                self.handle(item)
+                with consuming(((msg.subject, msg.headers),)):
+                    self.handle(item)
             except Exception as exc:  # one bad message must not stop the view
                 self.failed += 1
                 _log.error("handler_failed", subject=msg.subject, seq=where.seq, error=repr(exc))

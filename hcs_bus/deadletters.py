@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from hcs_bus import subjects
-from hcs_bus.telemetry import logger, meter
+from hcs_bus.telemetry import logger, meter, zero_init
 
 T = TypeVar("T")
 
@@ -37,8 +37,9 @@ _HEADER_ROOM = 4096  # what the letter's own headers may take of max_payload
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 _log = logger("hcs.bus.dlq")
-DEAD_LETTERS = meter("hcs.bus").create_counter(
-    "hcs_bus_dead_letters", description="messages sent to DLQ"
+DEAD_LETTERS = zero_init(
+    meter("hcs.bus").create_counter("hcs_bus_dead_letters", description="messages sent to DLQ"),
+    *({"subject_family": f} for f in ("hcs.fp", "hcs.health", "hcs.alloc", "hcs.place")),
 )
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import structlog
@@ -27,10 +28,20 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import REGISTRY, generate_latest, start_http_server
 
+from hcs_bus.errors import ConfigError
 from hcs_bus.redacting import redact_event
 from hcs_bus.settings import TelemetrySettings
 
 _configured = False
+TRACEPARENT = "traceparent"
+# Every duration histogram is in seconds (name ends in ``_seconds``, unit "s")
+# with these buckets: 1 ms (a plan over core NATS) up to 5 min (a heal).
+SECONDS_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+_tracer_provider: trace.TracerProvider | None = None  # None: the global one
+_zeroed: list[tuple[metrics.Counter, tuple[Mapping[str, str], ...]]] = []
 
 
 def configure(settings: TelemetrySettings, *, service: str | None = None) -> None:
@@ -67,10 +78,17 @@ def configure(settings: TelemetrySettings, *, service: str | None = None) -> Non
     metrics.set_meter_provider(
         MeterProvider(resource=resource, metric_readers=[PrometheusMetricReader()])
     )
+    for counter, label_sets in _zeroed:
+        _add_zeros(counter, label_sets)
     if settings.metrics_port:
-        # Parts without an HTTP server of their own (agent, healer, mirror)
-        # serve /metrics here; the scheduler and injector also serve it on theirs.
-        start_http_server(settings.metrics_port)
+        # Every part serves /metrics here (``hcs up`` gives each its own port);
+        # the scheduler and injector also serve it on their own HTTP servers.
+        try:
+            start_http_server(settings.metrics_port)
+        except OSError as exc:
+            raise ConfigError(
+                f"telemetry.metrics_port {settings.metrics_port}: {exc.strerror or exc}"
+            ) from exc
 
 
 def logger(name: str) -> Any:
@@ -78,7 +96,18 @@ def logger(name: str) -> Any:
 
 
 def tracer(name: str) -> trace.Tracer:
-    return trace.get_tracer(name)
+    return trace.get_tracer(name, tracer_provider=_tracer_provider)
+
+
+@contextmanager
+def tracing_into(provider: trace.TracerProvider) -> Iterator[None]:
+    """Spans started inside go to ``provider`` (tests: an in-memory exporter)."""
+    global _tracer_provider
+    held, _tracer_provider = _tracer_provider, provider
+    try:
+        yield
+    finally:
+        _tracer_provider = held
 
 
 def meter(name: str) -> metrics.Meter:
@@ -109,3 +138,60 @@ def observe_counter(
         return [Observation(read())]
 
     meter(meter_name).create_observable_counter(name, callbacks=[callback], description=description)
+
+
+def zero_init(counter: metrics.Counter, *label_sets: Mapping[str, str]) -> metrics.Counter:
+    """Export ``counter`` at 0 for each label set before its first event (so
+    ``rate()`` has a series to start from); applied once telemetry is configured."""
+    sets = label_sets or ({},)
+    _zeroed.append((counter, sets))
+    if _configured:
+        _add_zeros(counter, sets)
+    return counter
+
+
+def _add_zeros(counter: metrics.Counter, label_sets: tuple[Mapping[str, str], ...]) -> None:
+    for labels in label_sets:
+        counter.add(0, dict(labels))
+
+
+@contextmanager
+def span(
+    name: str,
+    *,
+    traceparent: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[None]:
+    """A span around a block: a child of ``traceparent`` (W3C) or of the
+    context in message ``headers`` when given, else of the current span."""
+    carrier = dict(headers or {}) | ({TRACEPARENT: traceparent} if traceparent else {})
+    parent = extract(carrier) if carrier else None
+    with tracer("hcs").start_as_current_span(name, context=parent, attributes=attributes):
+        yield
+
+
+def current_traceparent() -> str | None:
+    """The current span's W3C ``traceparent``, if a span is recording."""
+    return inject_headers({}).get(TRACEPARENT)
+
+
+@contextmanager
+def consuming(deliveries: Iterable[tuple[str, Mapping[str, str] | None]]) -> Iterator[None]:
+    """A consumer span per message that carries a ``traceparent``, each a child
+    of its publisher's span, open while the handler runs (the bus wrappers
+    only: handlers never touch OpenTelemetry). Messages published without a
+    trace open none, so a replay of untraced fingerprints costs nothing."""
+    with ExitStack() as stack:
+        for subject, headers in deliveries:
+            if not headers or TRACEPARENT not in headers:
+                continue
+            stack.enter_context(
+                tracer("hcs.bus").start_as_current_span(
+                    f"consume {subject}",
+                    context=extract(dict(headers)),
+                    kind=trace.SpanKind.CONSUMER,
+                    attributes={"messaging.destination.name": subject},
+                )
+            )
+        yield

@@ -40,7 +40,7 @@ from hcs_bus.kube import Kube
 from hcs_bus.messages import AllocationEvent, HealthEvent, NodeFingerprint, Telemetry
 from hcs_bus.settings import HealerSettings
 from hcs_bus.streams import ALLOC, FP, HEALTH
-from hcs_bus.telemetry import logger, meter
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
 from healer import decisions, rules
 from healer.acting import Actor, our_condition, our_taint
 from healer.bindings import Bindings
@@ -53,7 +53,15 @@ from healer.signals import Fleet
 _log = logger("hcs.healer")
 _meter = meter("hcs.healer")
 VERDICTS = _meter.create_counter("hcs_healer_verdicts", description="verdict changes")
-UNKNOWN = _meter.create_counter("hcs_healer_unknown_kinds", description="unknown event kinds")
+UNKNOWN = zero_init(
+    _meter.create_counter("hcs_healer_unknown_kinds", description="unknown event kinds")
+)
+REACTION_SECONDS = _meter.create_histogram(
+    "hcs_healer_reaction_seconds",
+    unit="s",
+    description="health batch read to changed verdicts published and node plans applied",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
 
 NODE = -1  # history index for events about the whole node (no device index)
 ADOPTED = -2  # history index for a taint found on the Node, applied by a previous leader
@@ -233,6 +241,8 @@ class Healer:
                     dirty.add(event.node)
                     publishing.append(self._publish_verdict(history, judgement))
             await asyncio.gather(*(self._reconsider(n, now=now) for n in dirty), *publishing)
+            if dirty:
+                REACTION_SECONDS.record(asyncio.get_running_loop().time() - now)
         except HcsError as exc:
             raise TemporaryError(f"health batch: {exc}", delay_s=1.0) from exc
         except Exception as exc:  # a bug must not kill the loop: redeliver later

@@ -23,7 +23,7 @@ from hcs_bus.bus import Bus
 from hcs_bus.errors import ConfigError
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import Settings
-from hcs_bus.telemetry import logger, meter, metrics_text
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text, zero_init
 from injector import rebinding, runtimes
 from injector.admitting import Admitter, Planner
 from injector.mutating import Context
@@ -32,9 +32,15 @@ from injector.tls import ReloadingTls
 
 _log = logger("hcs.injector")
 _meter = meter("hcs.injector")
-ADMISSIONS = _meter.create_counter("hcs_injector_admissions", description="admission answers")
+ADMISSIONS = zero_init(
+    _meter.create_counter("hcs_injector_admissions", description="admission answers"),
+    {"result": "allowed"},
+)
 LATENCY = _meter.create_histogram(
-    "hcs_injector_admission_seconds", unit="s", description="time to answer one admission"
+    "hcs_injector_admission_seconds",
+    unit="s",
+    description="time to answer one admission",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0}

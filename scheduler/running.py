@@ -21,7 +21,7 @@ from hcs_bus.profiles import ProfileDB
 from hcs_bus.profiles import load as load_profiles
 from hcs_bus.settings import Settings
 from hcs_bus.telemetry import logger, meter
-from scheduler import console, placing, watching
+from scheduler import console, gauging, placing, watching
 from scheduler.booking import Booker, Kube
 from scheduler.extending import Extender, serve
 from scheduler.quotas import QuotaSource
@@ -102,6 +102,7 @@ async def run(
     if kube is not None:
         view.nodes_synced = asyncio.Event()
     _states.add(view.state)
+    gauging.watch(view.state)
     replica = cfg.replica_id or f"{socket.gethostname()}:{os.getpid()}"
     kv = await bus.js.key_value(streams.KV_ALLOC)
     ckpt = await bus.js.key_value(streams.KV_CKPT)

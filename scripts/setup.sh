@@ -22,6 +22,7 @@ if [ "$mode" != "--run" ]; then
   command -v kubectl >/dev/null || need+=(kubernetes-client)
   command -v etcd >/dev/null || need+=(etcd-server)   # the end-to-end tier's control plane
   command -v chromium >/dev/null || need+=(chromium)   # the web console's real-browser test
+  command -v prometheus >/dev/null || need+=(prometheus)   # the dashboard test scrapes `hcs up` with it
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2

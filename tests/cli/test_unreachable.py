@@ -21,7 +21,6 @@ BUS_COMMANDS = [
     ["watch", "hcs.health.*"],
     ["bus", "init"],
     ["up", "--no-demo-job"],
-    ["usage", "--since", "1h"],
 ]
 
 
