@@ -80,6 +80,8 @@ def decode(body: bytes) -> Request:
         raise BadReview(f"not an AdmissionReview: {exc}", uid=_uid(body)) from exc
     except msgspec.DecodeError as exc:
         raise BadReview(f"malformed JSON: {exc}", uid=_uid(body)) from exc
+    except (ValueError, RecursionError) as exc:  # msgspec lets these out on hostile bytes
+        raise BadReview(f"malformed JSON: {exc!r:.200}", uid=_uid(body)) from exc
     uid = review.request.uid if review.request else _uid(body)
     if review.kind != KIND:
         raise BadReview(f"kind must be {KIND}, got {review.kind!r}", uid=uid)

@@ -101,7 +101,9 @@ def _planted(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
 def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
     verb = draw(st.sampled_from(sorted(TEMPLATES)))
     doc = TEMPLATES[verb]
-    kind = draw(st.sampled_from(["bytes", "json", "planted", "extra", "raw-number"]))
+    kind = draw(
+        st.sampled_from(["bytes", "json", "planted", "extra", "raw-number", "utf8", "deep"])
+    )
     if kind == "bytes":
         return verb, draw(st.binary(max_size=300))
     if kind == "json":
@@ -113,6 +115,14 @@ def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
         parent = path if isinstance(_at(doc, path), dict) else ()
         key = draw(st.text(min_size=1, max_size=10))  # a newer kube-scheduler's field
         return verb, json.dumps(_planted(doc, (*parent, key), draw(json_values))).encode()
+    if kind == "utf8":  # an invalid UTF-8 sequence inside an otherwise valid document
+        valid = json.dumps(doc).encode()
+        cut = draw(st.integers(min_value=0, max_value=len(valid)))
+        bad = draw(st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf8\x88\x80"]))
+        return verb, valid[:cut] + bad + valid[cut:]
+    if kind == "deep":
+        depth = draw(st.integers(min_value=500, max_value=20000))
+        return verb, _with_raw(doc, path, "[" * depth + "]" * depth)
     return verb, _with_raw(doc, path, draw(raw_numbers))
 
 
