@@ -9,6 +9,7 @@
         hcs convert 1 nvidia/A100-80G --to hygon/K100
     hcs place --vram 16Gi [--tflops-fp16 N] [--acu N] [--devices N] [--vendors a,b] …
     hcs watch 'hcs.health.*' [--count N]
+    hcs usage [--namespace N] [--since 24h] [--json]
     hcs certs --out DIR --dns NAME…
     hcs completion bash|zsh|tcsh
 
@@ -27,6 +28,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections import deque
 from collections.abc import Sequence
 from importlib import metadata
@@ -148,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds between the two readings (a bind under way is not reported)",
     )
+    usage = command("usage", "device-, ACU- and VRAM-hours per namespace and model")
+    usage.add_argument("--namespace", help="only this namespace")
+    usage.add_argument(
+        "--since",
+        dest="since_s",
+        type=flags.duration_s,
+        default=24 * 3600.0,
+        metavar="DURATION",
+        help="the window up to now, e.g. 30m, 24h, 7d (default 24h)",
+    )
+    usage.add_argument("--json", action="store_true", help="print the rows as JSON")
     watch = command("watch", "print bus messages as JSON lines")
     watch.add_argument(
         "subject",
@@ -371,6 +384,13 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return await commands.watch(bus, args.subject, count=args.count)
         if command == "check":
             return await _check(bus, settings, settle_s=args.settle_s)
+        if command == "usage":
+            from hcs import usage
+
+            now = time.time()  # the window ends now (wall clock: event times are Unix seconds)
+            return await usage.run(
+                bus, namespace=args.namespace, since_s=args.since_s, as_json=args.json, now=now
+            )
     finally:
         await bus.nc.close()
     raise ConfigError(f"unknown command {command!r}")

@@ -23,6 +23,10 @@ MAX_REPLICAS = 5  # JetStream's own limit
 _MEMORY_SUFFIXES = ("k", "M", "G", "T", "P", "Ki", "Mi", "Gi", "Ti", "Pi")
 _DNS_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$", re.IGNORECASE)
 _SUBJECT_TOKEN = re.compile(r"^[^\s.*>]+$")
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_SECONDS_PER = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+MAX_DURATION_S = 366 * 86400.0
 
 
 def _bad(value: str, why: str) -> argparse.ArgumentTypeError:
@@ -38,6 +42,18 @@ def positive_number(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise _bad(text, "must be a finite number above 0")
     return value
+
+
+def duration_s(text: str) -> float:
+    """A span of time with its unit, in seconds: ``90s``, ``30m``, ``24h``,
+    ``7d``, ``1w``, or several (``1h30m``); above 0, at most a year."""
+    stripped = text.strip()
+    if not _DURATION.match(stripped):
+        raise _bad(text, "is not a duration; write it with a unit, e.g. 30m, 24h, 7d or 1h30m")
+    seconds = sum(float(n) * _SECONDS_PER[u] for n, u in _DURATION_PART.findall(stripped))
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise _bad(text, "must be above 0 and at most a year (366d)")
+    return seconds
 
 
 def device_count(text: str) -> int:

@@ -21,6 +21,7 @@ BUS_COMMANDS = [
     ["watch", "hcs.health.*"],
     ["bus", "init"],
     ["up", "--no-demo-job"],
+    ["usage", "--since", "1h"],
 ]
 
 
