@@ -179,7 +179,7 @@ def test_usage_adds_up_over_adjacent_windows(
     assert set(whole) <= set(split)
     for key, value in split.items():
         got = whole.get(key, Usage())
-        assert got.device_s == pytest.approx(value.device_s, abs=1e-6)
+        assert got.device_s == pytest.approx(value.device_s, abs=1e-5)
         assert got.acu_s == pytest.approx(value.acu_s, abs=1e-3)
 
 
@@ -195,4 +195,4 @@ def test_a_released_allocation_stops_accruing(
     assert after == {}
     total = metering.usage(life.spans(), since=-math.inf, now=release_at + later, namespace="solo")
     metered = total.get(("solo", "nvidia", "A100-80G"), Usage())
-    assert metered.device_s == pytest.approx(2 * held_s)
+    assert metered.device_s == pytest.approx(2 * held_s, abs=1e-5)  # float seconds near 1.7e9
