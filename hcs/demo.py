@@ -33,7 +33,7 @@ import aiohttp
 import jsonpatch
 import msgspec
 
-from hcs_bus import checkpoint, messages, subjects, vocabulary
+from hcs_bus import checkpoint, identity, messages, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import AllocationEvent, HealthEvent, PodRef, ReleaseRequest
@@ -228,8 +228,10 @@ class DemoJob:
         async def on_msg(msg: Any) -> None:
             try:
                 event = decode(msg.data)
-            except msgspec.MsgspecError:
+            except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
                 return
+            if identity.refusal(msg.subject, event):
+                return  # e.g. an "evict" action not on the healer's subject
             if self.attempts and _evicts(event, f"{NAMESPACE}/{self.attempts[-1].name}"):
                 evicted.set()
 
@@ -237,7 +239,11 @@ class DemoJob:
 
 
 def _evicts(event: HealthEvent, pod: str) -> bool:
-    if event.kind != "action" or event.evidence.get("action") != "evict":
+    if (
+        event.source != "healer"
+        or event.kind != "action"
+        or event.evidence.get("action") != "evict"
+    ):
         return False
     return pod in str(event.evidence.get("pods", "")).split(",")
 

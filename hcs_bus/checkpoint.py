@@ -9,6 +9,11 @@ for a replacement pod of the same job (``HCS_RESUME_FROM`` in its env)::
     bus = await hcs_bus.bus.connect(settings.bus)
     await checkpoint.report(bus, namespace="ml", job="llama", uri="s3://b/ckpt-900", step=900)
 
+A job's key is ``<namespace>.<job>``, writable only by that namespace's
+sidecar user (``hcs_bus.permissions.sidecar``), and a reader believes an
+entry only when its key and its body both name the namespace and job asked
+for (``resume_point``): a resume point never crosses a namespace.
+
 The stored step only moves forward: the write is a compare-and-set on the
 entry's revision, and a report whose step is not above the stored one (a late
 or retried report) is ignored — ``Reported.stored`` is False and
@@ -130,8 +135,36 @@ def _decode(value: bytes | None, key: str) -> CheckpointEvent | None:
         return None
 
 
+def resume_point(
+    value: bytes | None, *, key: str, namespace: str, job: str
+) -> CheckpointEvent | None:
+    """The checkpoint stored under ``key`` when it is ``namespace``/``job``'s:
+    the key and the body must both name them. A mismatch (another
+    namespace's body under this key, a key of another namespace) or an
+    unreadable body is refused, logged, and None."""
+    if not value:
+        return None
+    want = subjects.ckpt_key(namespace, job)
+    try:
+        event = messages.decode(value, CheckpointEvent)
+    except Exception as exc:  # hostile bytes raise more than MsgspecError
+        _log.warning("checkpoint_refused", key=key, want=want, reason=f"unreadable: {exc}")
+        return None
+    named = f"{event.namespace}.{event.job}"
+    if key != want or named != want:
+        _log.warning(
+            "checkpoint_refused",
+            key=key,
+            want=want,
+            reason=f"key {key!r} holds a checkpoint of {named[:200]!r}",
+        )
+        return None
+    return event
+
+
 async def latest(bus: Bus, *, namespace: str, job: str) -> CheckpointEvent | None:
-    """The job's latest reported checkpoint, or None when none was reported."""
+    """The job's latest reported checkpoint, or None when none was reported
+    (or the entry is another namespace's or job's: ``resume_point``)."""
     key = subjects.ckpt_key(namespace, job)
     kv = await bus.js.key_value(KV_CKPT)
     try:
@@ -141,6 +174,7 @@ async def latest(bus: Bus, *, namespace: str, job: str) -> CheckpointEvent | Non
     if not entry.value:
         return None
     try:
-        return messages.decode(entry.value, CheckpointEvent)
+        messages.decode(entry.value, CheckpointEvent)
     except msgspec.MsgspecError as exc:
         raise BadMessage(f"KV {KV_CKPT} key {key} is not a CheckpointEvent: {exc}") from exc
+    return resume_point(entry.value, key=entry.key, namespace=namespace, job=job)

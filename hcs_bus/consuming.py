@@ -7,7 +7,9 @@ Both hand on decoded messages only. Anything else — bytes that do not
 decode (msgspec's errors, but also ``UnicodeDecodeError`` and
 ``RecursionError`` from hostile input), a message over ``max_bytes`` — is
 poison: copied to ``hcs.dlq.<subject>`` once per stream sequence
-(``hcs_bus.deadletters``), and the consumer goes on. Poison never holds
+(``hcs_bus.deadletters``), and the consumer goes on. So is a message whose
+body contradicts its subject (``hcs_bus.identity``: a fingerprint naming
+another node, a verdict not on the healer's subject). Poison never holds
 back ``caught_up``: it counts as read.
 
 For a ``Consumer`` the error type decides the ack: ``TemporaryError`` →
@@ -33,7 +35,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from hcs_bus import messages, tasks
+from hcs_bus import identity, messages, tasks
 from hcs_bus.deadletters import MAX_MESSAGE_BYTES, decode_or_reason, origin
 from hcs_bus.errors import PermanentError, TemporaryError
 from hcs_bus.telemetry import consuming, logger
@@ -191,6 +193,7 @@ class Consumer(Generic[T]):
             value, why = decode_or_reason(
                 self._decode, msg.data, kind=kind, max_bytes=self.max_bytes
             )
+            why = why or identity.refusal(msg.subject, value)
             if why:
                 poison.append((msg, why))
                 continue
@@ -352,6 +355,7 @@ class Follower(Generic[T]):
         value, why = decode_or_reason(
             self._decode, msg.data, kind=self.kind.__name__, max_bytes=self.max_bytes
         )
+        why = why or identity.refusal(msg.subject, value)
         if why:
             self._bury(msg, why)
         else:

@@ -15,11 +15,17 @@ so a renamed subject renames its permission. What each part may do:
   (``streams.init``).
 * injector: request ``hcs.place`` (nothing else).
 * healer: replay/consume ``HCS_FP``, ``HCS_ALLOC``, ``HCS_HEALTH`` (durable
-  ``hcs-healer-health``), publish verdicts on ``hcs.health.*`` and
-  ``hcs.ckpt.request.>``, read KV ``hcs_ckpt``, ``streams.init``.
-* mirror (``scheduler.mirroring``): replay/consume ``HCS_FP``, ``HCS_HEALTH``.
-* sidecar (checkpoint reporter in training pods): put KV ``hcs_ckpt``,
-  announce ``hcs.ckpt.<ns>.<job>``, listen on ``hcs.ckpt.request.<ns>.<job>``.
+  ``hcs-healer-health``), publish verdicts on ``hcs.health._healer_<node>``
+  (a token no agent may publish; NATS has no partial-token wildcard, so the
+  allow is ``hcs.health.*``) and ``hcs.ckpt.request.>``, read KV ``hcs_ckpt``,
+  ``streams.init``.
+* mirror (``scheduler.mirroring``): replay/consume ``HCS_FP``, ``HCS_HEALTH``;
+  its metering (``scheduler.metered``) follows ``HCS_ALLOC`` and publishes
+  usage alerts on ``hcs.usage.*``.
+* sidecar (checkpoint reporter in training pods): one user per namespace,
+  ``sidecar:<ns>`` (``sidecar_user``): put and read only KV ``hcs_ckpt`` keys
+  ``<ns>.<job>``, announce ``hcs.ckpt.<ns>.<job>``, listen on
+  ``hcs.ckpt.request.<ns>.<job>`` — never another namespace's.
 * operator (the ``hcs`` CLI): the JetStream API, subscribe ``hcs.>``.
 
 Services get upper-case inbox prefixes (``_INBOX_SCHEDULER``): Kubernetes node
@@ -51,7 +57,8 @@ from hcs_bus import streams, subjects, vocabulary
 
 JS_API = "$JS.API"
 NKEY_LABEL = vocabulary.NATS_NKEY_LABEL
-SERVICES = ("scheduler", "injector", "healer", "mirror", "sidecar", "operator")
+SERVICES = ("scheduler", "injector", "healer", "mirror", "operator")
+SIDECAR = "sidecar"  # users sidecar:<namespace>, one per namespace (sidecar_user)
 FLEET = "fleet"  # dev only: the simulated fleet, one process playing every node
 HEALER_DURABLE = "hcs-healer-health"
 
@@ -81,8 +88,18 @@ class Credential:
 # -- subject families ---------------------------------------------------------
 
 
+def sidecar_user(namespace: str) -> str:
+    """The NATS user of the checkpoint sidecars of ``namespace`` (a ``:`` no
+    node name has, so it never collides with an agent user)."""
+    subjects.ckpt_key(namespace, "x")  # SubjectError unless one plain token
+    return f"{SIDECAR}:{namespace}"
+
+
 def inbox_prefix(user: str) -> str:
-    """The inbox prefix of a user: a node token for agents, a service in upper case."""
+    """The inbox prefix of a user: a node token for agents, a service (and a
+    sidecar's namespace) in upper case, which no node token has."""
+    if user.startswith(SIDECAR + ":"):
+        return f"_INBOX_SIDECAR_{user.split(':', 1)[1].upper()}"
     token = user.upper() if user in (*SERVICES, FLEET) else subjects.node_token(user)
     return f"_INBOX_{token}"
 
@@ -122,6 +139,12 @@ def kv_reading(bucket: str) -> list[str]:
         f"{JS_API}.DIRECT.GET.{stream}.$KV.{bucket}.>",
         f"{JS_API}.STREAM.MSG.GET.{stream}",
     ]
+
+
+def kv_reading_keys(bucket: str, *, keys: str) -> list[str]:
+    """Direct gets of ``keys`` only (no ``STREAM.MSG.GET``, which reads any key)."""
+    stream = _kv_stream(bucket)
+    return [f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}"]
 
 
 def kv_writing(bucket: str, *, keys: str = ">") -> list[str]:
@@ -206,15 +229,17 @@ def _mirror() -> Permissions:
     return Permissions(tuple(publish), (_inbox("mirror"),))
 
 
-def _sidecar() -> Permissions:
-    """Namespace and job are two tokens: ``hcs.ckpt.*.*`` never matches the
-    five-token ``hcs.ckpt.request.<ns>.<job>``."""
+def sidecar(namespace: str) -> Permissions:
+    """The sidecars of one namespace: its keys and subjects only (``<ns>.*``:
+    one job token, so ``hcs.ckpt.<ns>.*`` never matches a request subject)."""
+    user = sidecar_user(namespace)
+    mine = f"{namespace}.*"
     publish = [
-        subjects.CKPT_PREFIX + "*.*",
-        *kv_reading(streams.KV_CKPT),
-        *kv_writing(streams.KV_CKPT, keys="*.*"),
+        subjects.CKPT_PREFIX + mine,
+        *kv_reading_keys(streams.KV_CKPT, keys=mine),
+        *kv_writing(streams.KV_CKPT, keys=mine),
     ]
-    subscribe = [subjects.CKPT_REQUEST_PREFIX + "*.*", _inbox("sidecar")]
+    subscribe = [subjects.CKPT_REQUEST_PREFIX + mine, _inbox(user)]
     return Permissions(tuple(publish), tuple(subscribe))
 
 
@@ -242,7 +267,6 @@ def service(name: str) -> Permissions:
         "injector": _injector,
         "healer": _healer,
         "mirror": _mirror,
-        "sidecar": _sidecar,
         "operator": _operator,
         FLEET: _fleet,
     }
@@ -258,17 +282,22 @@ def nats_authorization(
     nodes: Iterable[str],
     credentials: Mapping[str, Credential],
     *,
+    namespaces: Iterable[str] = (),
     simulated_fleet: bool = False,
 ) -> dict[str, Any]:
-    """The ``authorization`` block: one user per node and per service.
+    """The ``authorization`` block: one user per node, per service and per
+    namespace whose sidecars report checkpoints (``sidecar:<ns>``).
 
-    ``credentials`` maps a node name or a service name to its credential;
-    every node and every service must have one (a user without is an error).
-    ``simulated_fleet`` adds the dev-only user ``fleet`` (publishes for any node).
+    ``credentials`` maps a node name, a service name or a sidecar user to its
+    credential; every user must have one (a user without is an error).
+    ``simulated_fleet`` adds the dev-only user ``fleet`` (publishes for any
+    node, verdicts included: never in production).
     """
     users: list[dict[str, Any]] = []
     for name in (*SERVICES, FLEET) if simulated_fleet else SERVICES:
         users.append(_user(name, service(name), credentials))
+    for namespace in sorted(set(namespaces)):
+        users.append(_user(sidecar_user(namespace), sidecar(namespace), credentials))
     for node in sorted(set(nodes)):
         users.append(_user(node, agent(node), credentials))
     return {"users": users}
@@ -368,16 +397,24 @@ def registered_nodes(node_list: Mapping[str, Any]) -> dict[str, Credential]:
 
 
 def service_credentials(seeds_dir: Path, *, names: Sequence[str]) -> dict[str, Credential]:
-    """Each service's seed in ``<dir>/<service>.nk`` (made when missing)."""
-    return {name: Credential(nkey=ensure_seed(seeds_dir / f"{name}.nk")) for name in names}
+    """Each service's seed in ``<dir>/<service>.nk`` (``sidecar:ml``:
+    ``sidecar-ml.nk``), made when missing."""
+    return {
+        name: Credential(nkey=ensure_seed(seeds_dir / f"{name.replace(':', '-')}.nk"))
+        for name in names
+    }
 
 
 def _render(args: argparse.Namespace) -> int:
     node_list = json.loads(Path(args.nodes_json).read_text())
     nodes = registered_nodes(node_list)
+    namespaces = sorted(set(args.sidecar_namespace))
     names = (*SERVICES, FLEET) if args.simulated_fleet else SERVICES
+    names = (*names, *(sidecar_user(ns) for ns in namespaces))
     creds = {**nodes, **service_credentials(Path(args.seeds_dir), names=names)}
-    auth = nats_authorization(nodes, creds, simulated_fleet=args.simulated_fleet)
+    auth = nats_authorization(
+        nodes, creds, namespaces=namespaces, simulated_fleet=args.simulated_fleet
+    )
     text = render_nats_conf(auth)
     Path(args.out).write_text(text)
     print(f"rendered {len(nodes)} agent users and {len(names)} services into {args.out}")
@@ -412,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     ren.add_argument("--seeds-dir", required=True, help="service seeds (<service>.nk)")
     ren.add_argument("--out", required=True)
     ren.add_argument("--simulated-fleet", action="store_true", help="add user fleet (dev)")
+    ren.add_argument(
+        "--sidecar-namespace",
+        action="append",
+        default=[],
+        help="a namespace whose checkpoint sidecars get user sidecar:<ns> (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.command == "render":
         return _render(args)

@@ -2,6 +2,13 @@
 
 A Kubernetes node name becomes one subject token by replacing ``.`` with
 ``_``; node names never contain ``_`` so the mapping is reversible.
+
+The healer's verdicts (and dry-run actions) about a node go on
+``hcs.health._healer_<nodetoken>``: still one token under ``hcs.health.*`` (the
+alert feed and stream ``HCS_HEALTH`` carry them), but a token no node can have
+(a node name never starts with ``.``, so a node token never starts with ``_``).
+No agent may publish there (``hcs_bus.permissions``), and consumers take a
+``source: healer`` event only from there (``hcs_bus.identity``).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ CKPT_PREFIX: Final = "hcs.ckpt."
 CKPT_REQUEST_PREFIX: Final = "hcs.ckpt.request."
 DLQ_PREFIX: Final = "hcs.dlq."
 USAGE_PREFIX: Final = "hcs.usage."
+HEALER_MARK: Final = "_healer_"  # a health token that is the healer's, never a node's
 PLACE: Final = "hcs.place"
 RELEASE: Final = "hcs.release"
 PLACE_QUEUE: Final = "hcs-scheduler"
@@ -33,7 +41,7 @@ class SubjectError(ValueError):
 
 
 def node_token(node: str) -> str:
-    if not node or "_" in node or _FORBIDDEN & set(node):
+    if not node or "_" in node or node.startswith(".") or _FORBIDDEN & set(node):
         raise SubjectError(f"node name {node!r} cannot be a subject token")
     return node.replace(".", "_")
 
@@ -56,6 +64,15 @@ def fp(node: str) -> str:
 
 def health(node: str) -> str:
     return HEALTH_PREFIX + node_token(node)
+
+
+def healer_health(node: str) -> str:
+    """Where the healer publishes its verdicts and actions about ``node``."""
+    return HEALTH_PREFIX + HEALER_MARK + node_token(node)
+
+
+def is_healer_health(subject: str) -> bool:
+    return subject.startswith(HEALTH_PREFIX + HEALER_MARK)
 
 
 def alloc(node: str) -> str:
@@ -92,8 +109,8 @@ def dlq(subject: str) -> str:
 
 
 def node_of(subject: str) -> str:
-    """The node a per-node subject (fp, health, alloc) is about."""
-    for prefix in (FP_PREFIX, HEALTH_PREFIX, ALLOC_PREFIX):
+    """The node a per-node subject (fp, health, the healer's health, alloc) is about."""
+    for prefix in (FP_PREFIX, HEALTH_PREFIX + HEALER_MARK, HEALTH_PREFIX, ALLOC_PREFIX):
         if subject.startswith(prefix):
             return node_from_token(subject[len(prefix) :])
     raise SubjectError(f"{subject!r} is not a per-node HCS subject")

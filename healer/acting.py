@@ -273,7 +273,7 @@ class Actor:
         _log.info("dry_run_action", node=node, action=action, taint=taint, pods=pods)
         try:
             await self.bus.publish(
-                subjects.health(node),
+                subjects.healer_health(node),
                 event,
                 msg_id=f"healer:action:{node}:{action}:{_wall()}:{self._seq}",
             )

@@ -4,7 +4,7 @@ Consumes ``hcs.health.*`` (durable ``<durable>-health``, explicit acks, only
 while leader), ``hcs.fp.*`` (latest fingerprints: fleet medians, telemetry,
 node staleness) and ``hcs.alloc.*`` (which pods use which devices). Judges
 every device (``healer.rules``), publishes each changed verdict on
-``hcs.health.<node>`` (source "healer", ignored when it comes back), and
+``hcs.health._healer_<node>`` (source "healer", ignored when it comes back), and
 applies node plans (``healer.decisions``) through the circuit breaker and the
 ``Actor``. A degraded node's jobs are asked to checkpoint before eviction.
 
@@ -38,6 +38,7 @@ from hcs_bus.bus import Bus, Consumer, Delivery
 from hcs_bus.errors import HcsError, KubeNotFound, TemporaryError
 from hcs_bus.kube import Kube
 from hcs_bus.messages import AllocationEvent, HealthEvent, NodeFingerprint, Telemetry
+from hcs_bus.ordering import FingerprintOrder
 from hcs_bus.settings import HealerSettings
 from hcs_bus.streams import ALLOC, FP, HEALTH
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
@@ -102,6 +103,7 @@ class Healer:
         self.histories: dict[str, dict[int, DeviceHistory]] = {}
         self.nodes: dict[str, decisions.NodeState] = {}
         self.last_seen: dict[str, float] = {}
+        self.order = FingerprintOrder()  # older (boot, seq) fingerprints are ignored
         self.unknown = 0
         self.telemetry_every_s = telemetry_every_s
         self._judged_at: dict[str, float] = {}
@@ -146,6 +148,7 @@ class Healer:
     async def _start_consuming(self) -> None:
         if self._tasks:
             return
+        self.order = FingerprintOrder()  # a new term replays the latest fingerprints
         consumers: list[tuple[str, Consumer[Any]]] = [
             (
                 "fp",
@@ -251,6 +254,7 @@ class Healer:
 
     async def _on_fps(self, items: list[Delivery[NodeFingerprint]]) -> None:
         now = asyncio.get_running_loop().time()
+        items = [item for item in items if self.order.admit(item.value)]
         self.fleet.update(item.value for item in items)
         dirty: set[str] = set()
         publishing: list[Any] = []
@@ -524,7 +528,7 @@ class Healer:
         self._seq += 1
         msg_id = f"healer:{node}:{tag}:{event.time_s}:{self._seq}"
         try:
-            await self.bus.publish(subjects.health(node), event, msg_id=msg_id)
+            await self.bus.publish(subjects.healer_health(node), event, msg_id=msg_id)
         except HcsError as exc:
             _log.warning("verdict_publish_failed", node=node, error=str(exc))
 

@@ -23,6 +23,7 @@ from hcs_bus import streams, subjects, tasks
 from hcs_bus.bus import Bus, Consumer, Delivery, connect
 from hcs_bus.errors import KubeError
 from hcs_bus.messages import HealthEvent, NodeFingerprint
+from hcs_bus.ordering import FingerprintOrder
 from hcs_bus.telemetry import logger
 from hcs_bus.units import format_mib
 
@@ -117,6 +118,7 @@ class Mirror:
     verdicts: dict[str, HealthEvent] = field(default_factory=dict)
     written: dict[str, float] = field(default_factory=dict)
     writes: int = 0
+    order: FingerprintOrder = field(default_factory=FingerprintOrder)
     _dirty: set[str] = field(default_factory=set)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -151,12 +153,14 @@ class Mirror:
 
     async def _on_fps(self, items: list[Delivery[NodeFingerprint]]) -> None:
         for item in items:
-            self.fingerprints[item.value.node] = item.value
-            self._mark(item.value.node)
+            if self.order.admit(item.value):  # an older (boot, seq) is ignored
+                self.fingerprints[item.value.node] = item.value
+                self._mark(item.value.node)
 
     async def _on_health(self, items: list[Delivery[HealthEvent]]) -> None:
         for item in items:
             event = item.value
+            # a healer event reaches here only from the healer's subject (hcs_bus.identity)
             if event.source == "healer" and event.verdict is not None:
                 self.verdicts[event.node] = event
                 self._mark(event.node)

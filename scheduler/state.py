@@ -1,9 +1,9 @@
 """The cluster view: pure state derived from fingerprints, verdicts and
 reservations. No I/O, no clock reads (``now`` is passed in).
 
-* Fingerprints are applied in order per node: a message whose ``seq`` is not
-  newer than the one held (same agent boot) is stale and ignored; a new boot
-  is accepted when its time is not older than the one held.
+* Fingerprints are applied in (boot, seq) order per node
+  (``hcs_bus.ordering``): a lower ``seq`` of the same boot, or a boot already
+  replaced, is old and ignored; the body's ``time_s`` is never compared.
 * Verdicts come from the healer (``HealthEvent`` source ``healer``, kind
   ``verdict``); they override a device's health and may isolate it.
 * Reservations are the KV ``hcs_alloc`` documents; free VRAM is always
@@ -34,6 +34,7 @@ from hcs_bus.messages import (
     Reservation,
     Verdict,
 )
+from hcs_bus.ordering import FingerprintOrder
 
 # Placement groups, in the order they name a node's group (placing.network_group).
 NETWORK_LABELS = (vocabulary.RDMA_FABRIC_LABEL, vocabulary.NETWORK_GROUP_LABEL)
@@ -109,15 +110,14 @@ class ClusterState:
         self._verdicts: dict[str, dict[int | None, tuple[Verdict, int]]] = {}
         self._reservations: dict[str, NodeReservations] = {}
         self._node_labels: dict[str, dict[str, str]] = {}
-        self.stale_ignored = 0
+        self.order = FingerprintOrder()
 
     # -- applying ---------------------------------------------------------
     def apply_fingerprint(self, fp: NodeFingerprint, *, now: float) -> bool:
         """Apply a snapshot; False (and counted) when it is older than held."""
-        held = self.nodes.get(fp.node)
-        if held is not None and not _newer(fp, held.fingerprint):
-            self.stale_ignored += 1
+        if not self.order.admit(fp):
             return False
+        held = self.nodes.get(fp.node)
         node = NodeView(
             name=fp.node,
             fingerprint=fp,
@@ -172,6 +172,11 @@ class ClusterState:
             node.node_labels = fresh
         return True
 
+    @property
+    def stale_ignored(self) -> int:
+        """Fingerprints ignored as older than the one applied."""
+        return self.order.ignored
+
     def mark_stale(self, *, now: float, stale_after_s: float) -> list[str]:
         """Mark nodes silent for ``stale_after_s``; returns the newly stale."""
         newly: list[str] = []
@@ -209,12 +214,6 @@ def merged_labels(fingerprint: Mapping[str, str], node: Mapping[str, str] | None
     out = {k: v for k, v in fingerprint.items() if k not in NETWORK_LABELS}
     out.update(node)
     return out
-
-
-def _newer(fp: NodeFingerprint, held: NodeFingerprint) -> bool:
-    if fp.boot_id == held.boot_id:
-        return fp.seq > held.seq
-    return fp.time_s >= held.time_s
 
 
 def _score(verdict: Verdict) -> int:

@@ -14,6 +14,7 @@ from hcs_bus.natsserver import NatsServer
 from hcs_bus.settings import BusSettings
 
 NODES = ("gpu-node-a", "gpu-node-b.zone1")
+NAMESPACES = ("ml", "team-b")  # namespaces with a checkpoint sidecar user
 
 
 def password(user: str) -> str:
@@ -23,11 +24,12 @@ def password(user: str) -> str:
 @pytest.fixture(scope="session")
 def authorized_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """A real nats-server -js whose users and permissions are the rendered ones."""
-    creds = {
-        u: permissions.Credential(password=password(u)) for u in (*permissions.SERVICES, *NODES)
-    }
+    sidecars = [permissions.sidecar_user(ns) for ns in NAMESPACES]
+    users = (*permissions.SERVICES, *NODES, *sidecars)
+    creds = {u: permissions.Credential(password=password(u)) for u in users}
+    auth = permissions.nats_authorization(NODES, creds, namespaces=NAMESPACES)
     conf = tmp_path_factory.mktemp("nats-auth") / "nats.conf"
-    conf.write_text(permissions.render_nats_conf(permissions.nats_authorization(NODES, creds)))
+    conf.write_text(permissions.render_nats_conf(auth))
     server = NatsServer(config_file=conf).start()
     yield server
     server.cleanup()

@@ -92,7 +92,7 @@ async def test_the_mirror_creates_and_updates_compute_nodes_from_the_bus(
     try:
         await until(lambda: "gpu-node-a" in apiserver.computenodes)
         await bus.publish(
-            subjects.health("gpu-node-a"), verdict("gpu-node-a", "failed"), msg_id="m:v1"
+            subjects.healer_health("gpu-node-a"), verdict("gpu-node-a", "failed"), msg_id="m:v1"
         )
         await until(
             lambda: apiserver.computenodes["gpu-node-a"].get("status", {}).get("health") == "failed"

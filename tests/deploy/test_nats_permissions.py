@@ -43,6 +43,11 @@ def verdict(node: str) -> HealthEvent:
     )
 
 
+def alert(node: str) -> HealthEvent:
+    """What an agent publishes on its own health subject."""
+    return HealthEvent(node=node, kind="xid", severity="fatal", source="agent", time_s=2.0, code=79)
+
+
 def violations(errors: list[Exception]) -> list[str]:
     return [str(e) for e in errors if "permissions violation" in str(e).lower()]
 
@@ -103,7 +108,7 @@ async def test_an_agent_publishes_its_own_fingerprint_and_gets_a_stream_ack(
 ) -> None:
     agent, errors = await connect_as(NODE)
     seq = await agent.publish(subjects.fp(NODE), fingerprint(NODE), msg_id="a:b:1")
-    health_seq = await agent.publish(subjects.health(NODE), verdict(NODE), msg_id="a:b:h1")
+    health_seq = await agent.publish(subjects.health(NODE), alert(NODE), msg_id="a:b:h1")
     assert seq > 0 and health_seq > 0
     assert violations(errors) == []
 
@@ -165,7 +170,7 @@ async def test_the_schedulers_cluster_view_replays_a_large_stream_with_its_own_u
 
     agent, _ = await connect_as(NODE)
     total = 10_000  # HCS_HEALTH keeps 10,000 events per node
-    big = msgspec.structs.replace(verdict(NODE), message="x" * 2000)  # ~20 MB in all
+    big = msgspec.structs.replace(alert(NODE), message="x" * 2000)  # ~20 MB in all
     await agent.publish_window((subjects.health(NODE), big, f"replay:{n}") for n in range(total))
     scheduler, errors = await connect_as("scheduler")
     view = ClusterView(scheduler, settings=SchedulerSettings())
@@ -225,7 +230,7 @@ async def test_the_healer_consumes_durably_publishes_verdicts_and_asks_for_check
     await consumer.start()
     task = asyncio.get_running_loop().create_task(consumer.run())
     try:
-        await healer.publish(subjects.health(OTHER), verdict(OTHER), msg_id="v:1")
+        await healer.publish(subjects.healer_health(OTHER), verdict(OTHER), msg_id="v:1")
         async with asyncio.timeout(5):
             while not any(d.value.node == OTHER for d in got):
                 await asyncio.sleep(0.02)
@@ -247,7 +252,7 @@ async def test_the_healer_consumes_durably_publishes_verdicts_and_asks_for_check
 async def test_a_sidecar_reports_checkpoints_and_hears_requests_but_cannot_send_them(
     connect_as: Connector,
 ) -> None:
-    sidecar, errors = await connect_as("sidecar")
+    sidecar, errors = await connect_as(permissions.sidecar_user("ml"))
     heard: list[bytes] = []
 
     async def on_request(msg: object) -> None:

@@ -123,7 +123,7 @@ async def test_a_fatal_xid_taints_without_clobbering_and_recovery_untaints(
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
     healer = await make(kube)
     await ready(healer)
-    verdicts, sub = await collect(bus, subjects.health("n1"))
+    verdicts, sub = await collect(bus, subjects.healer_health("n1"))
     await publish(bus, health("n1", code=79, device=1), subjects.health("n1"))
     await wait_until(lambda: our_taint(apiserver, "n1") is not None)
     assert our_taint(apiserver, "n1")["effect"] == "NoSchedule"  # type: ignore[index]
@@ -203,7 +203,7 @@ async def test_dry_run_publishes_the_actions_and_calls_no_api(
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
     healer = await make(kube, dry_run=True)
     await ready(healer)
-    events, sub = await collect(bus, subjects.health("n1"))
+    events, sub = await collect(bus, subjects.healer_health("n1"))
     await publish(
         bus, health("n1", kind="device_lost", device=0, severity="fatal"), subjects.health("n1")
     )
@@ -232,7 +232,7 @@ async def test_without_a_cluster_the_single_healer_leads_and_publishes_verdicts(
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
     healer = await make(None, dry_run=True)
     await ready(healer)
-    events, sub = await collect(bus, subjects.health("n1"))
+    events, sub = await collect(bus, subjects.healer_health("n1"))
     await publish(
         bus, health("n1", kind="device_lost", device=0, severity="fatal"), subjects.health("n1")
     )
@@ -255,7 +255,7 @@ async def test_two_healers_with_one_lease_only_one_acts(
     assert [a.leader.is_leader, b.leader.is_leader].count(True) == 1
     leader = a if a.leader.is_leader else b
     await ready(leader)
-    verdicts, sub = await collect(bus, subjects.health("n1"))
+    verdicts, sub = await collect(bus, subjects.healer_health("n1"))
     await publish(bus, health("n1", code=79, device=0), subjects.health("n1"))
     await wait_until(lambda: our_taint(apiserver, "n1") is not None)
     await asyncio.sleep(0.3)

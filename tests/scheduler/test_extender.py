@@ -183,6 +183,23 @@ async def test_bind_books_devices_posts_the_binding_and_announces_it(
     await sub.unsubscribe()
 
 
+async def test_bind_never_resumes_from_a_checkpoint_whose_body_names_another_namespace(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    kube = FakeKube()
+    sched = await _ready(bus, start_scheduler, kube)
+    ckpt = await bus.js.key_value(streams.KV_CKPT)
+    foreign = CheckpointEvent(namespace="other", job="llm", uri="s3://other/llm", step=9, time_s=1)
+    await ckpt.put(subjects.ckpt_key("ml-team", "llm"), messages.encode(foreign))
+    args = _args("extender-filter-args-nodecache.json", plan=A100_TWO, labels={"hcs.io/job": "llm"})
+    await _post(sched.port, "filter", args)
+    status, out = await _post(sched.port, "bind", k8s_doc("extender-binding-args.json"))
+    assert status == 200 and out == k8s_doc("extender-binding-result.json")
+    [binding] = kube.bindings
+    assert binding["annotations"]["hcs.io/devices"]  # bound, but without a resume point
+    assert "hcs.io/resume-from" not in binding["annotations"]
+
+
 async def test_bind_through_the_api_server_sets_the_annotations_on_the_pod(
     bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
 ) -> None:

@@ -23,7 +23,7 @@ async def test_the_view_is_ready_only_after_replaying_what_the_stream_holds(bus:
         for seq in (1, 2):
             fp = fingerprint(f"node-{i}", seq=seq, devices=seq * 2)
             await bus.publish(subjects.fp(fp.node), fp, msg_id=f"{fp.node}:b1:{seq}")
-    await bus.publish(subjects.health("node-3"), verdict("node-3", 0, "failed"), msg_id="v1")
+    await bus.publish(subjects.healer_health("node-3"), verdict("node-3", 0, "failed"), msg_id="v1")
     view = ClusterView(bus, settings=SchedulerSettings())
     await view.start()
     try:
