@@ -97,8 +97,15 @@
   async function renderDetail() {
     const box = $("node-detail");
     if (!selected) { box.hidden = true; box.replaceChildren(); return; }
-    const answer = await fetch(API + "nodes/" + encodeURIComponent(selected));
-    const doc = await answer.json();
+    let answer, doc;
+    try {
+      answer = await fetch(API + "nodes/" + encodeURIComponent(selected));
+      doc = await answer.json();
+    } catch (err) {
+      box.hidden = false;
+      box.replaceChildren(el("p", { className: "muted", text: `cannot read ${selected}: ${err}` }));
+      return;
+    }
     if (!answer.ok) { box.hidden = false; box.replaceChildren(el("p", { className: "muted", text: doc.error })); return; }
     const rows = doc.device_list.map((d) => el("tr", { "data-health": d.health },
       el("td", { text: d.index }), el("td", { text: d.class }), el("td", { text: d.health }),
