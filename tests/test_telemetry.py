@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.server
+import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -67,3 +69,59 @@ def test_spans_are_exported_over_otlp_and_metrics_are_served(
     assert any(
         path == "/v1/traces" and "protobuf" in ctype and size > 0 for path, ctype, size in seen
     ), seen
+
+
+def _run(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_duration_histograms_are_in_seconds_with_second_scale_buckets() -> None:
+    done = _run(
+        """
+        from hcs_bus.settings import TelemetrySettings
+        from hcs_bus.telemetry import configure, metrics_text
+        from injector import serving
+        from scheduler import booking, serving as plans
+        from healer import healing
+        configure(TelemetrySettings(log_level="error"))
+        for histogram in (serving.LATENCY, plans.PLAN_SECONDS, booking.BIND_SECONDS,
+                          healing.REACTION_SECONDS):
+            histogram.record(0.003)
+        print(metrics_text().decode())
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    for name in (
+        "hcs_injector_admission_seconds",
+        "hcs_scheduler_plan_seconds",
+        "hcs_scheduler_bind_seconds",
+        "hcs_healer_reaction_seconds",
+    ):
+        buckets = re.findall(rf'^{name}_bucket{{.*le="([^"]+)"', done.stdout, re.M)
+        bounds = [float(b) for b in buckets if b != "+Inf"]
+        assert bounds and min(bounds) <= 0.001 and max(bounds) <= 300.0, (name, bounds)
+        # 3 ms lands in the 5 ms bucket, not in the first (millisecond-scale) one
+        counts = dict(re.findall(rf'^{name}_bucket{{.*le="([^"]+)".*}} (\S+)$', done.stdout, re.M))
+        assert float(counts["0.0025"]) == 0.0 and float(counts["0.005"]) == 1.0, (name, counts)
+
+
+def test_a_metrics_port_already_taken_is_one_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _run(
+            f"""
+            from hcs_bus.errors import ConfigError
+            from hcs_bus.settings import TelemetrySettings
+            from hcs_bus.telemetry import configure
+            try:
+                configure(TelemetrySettings(metrics_port={port}, log_level="error"))
+            except ConfigError as exc:
+                print(exc)
+            """
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"telemetry.metrics_port {port}: "), done.stdout
