@@ -30,7 +30,7 @@ from hcs_bus.profiles import ProfileDB
 from scheduler.planning import QuotaLimits
 from scheduler.state import ClusterState, DeviceView, NodeView
 
-MAX_LIVE_NODES = 1000  # node rows in one pushed overview; the rest through /api/nodes
+MAX_LIVE_NODES = 500  # node rows in one pushed overview; the rest through /api/nodes
 LIVE_ALERTS = 50
 HEALTH_STATES = ("healthy", "degraded", "failed", "stale")
 

@@ -195,3 +195,23 @@ async def test_history_records_samples_for_the_plots(bus: Bus, start_scheduler: 
     status, history, _ = await _get(port, "/api/history?window_s=60")
     assert status == 200 and len(history["time_s"]) >= 1
     assert set(history["health"]) == {"healthy", "degraded", "failed", "stale"}
+
+
+async def test_a_large_fleet_slows_the_pushes_so_the_extender_keeps_its_loop(bus: Bus) -> None:
+    from hcs_bus.settings import SchedulerSettings
+    from scheduler.console import LOOP_SHARE, Console
+    from scheduler.viewing import ClusterView
+    from tests.scheduler.helpers import DB, state_of
+
+    view = ClusterView(bus, settings=SchedulerSettings())
+    console = Console(view, bus=bus, profiles=DB, quotas=None, push_every_s=0.01)
+    assert console.push_pause_s() == 0.01  # nothing built yet
+    view.state = state_of(*(node_fp(f"n{i:04d}", count=8) for i in range(300)))
+    body = console.overview_bytes()
+    assert console.build_s > 0
+    assert console.push_pause_s() == pytest.approx(console.build_s / LOOP_SHARE)
+    assert console.push_pause_s() > 0.01
+    assert json.loads(body)["nodes_total"] == 300 and len(json.loads(body)["nodes"]) == 300
+    assert console.overview_bytes() is body  # unchanged view: built once
+    console.changed("n0001")
+    assert console.overview_bytes() is not body
