@@ -35,7 +35,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import nats.errors
 import nats.js.errors
 import shtab
@@ -459,37 +458,66 @@ async def show_top(
     period_s: float = 1.0,
     view: ClusterView | None = None,
 ) -> None:
-    """Draw ``hcs top`` until ``stop`` (progress lines when not a terminal).
-    ``view``: a ClusterView already running (``hcs up`` shares its own)."""
-    from hcs.top import render, summarise
+    """Draw ``hcs top`` until ``stop``: a screen that fits the terminal when
+    ``live``, progress lines otherwise. ``view``: a ClusterView already
+    running (``hcs up`` shares its own)."""
+    from hcs.alerts import recent
 
     own = view is None
     if view is None:
         view = ClusterView(bus, settings=settings.scheduler, health_replay_s=600.0)
         await view.start()
-    alerts: deque[HealthEvent] = deque(maxlen=50)
+    alerts: deque[HealthEvent] = deque(await recent(bus), maxlen=50)
     sub = await _collect_alerts(bus, alerts)
-    tick = 0
     try:
-        while not stop.is_set():
-            checkpoints = await _checkpoints(bus, view.state)
-            summary = summarise(view.state, alerts=alerts, checkpoints=checkpoints)
-            if live:
-                sys.stdout.write("\x1b[H\x1b[2J" + render(summary) + "\n")
-                sys.stdout.flush()
-            elif tick % 5 == 0:
-                print(_progress_line(summary), flush=True)
-            tick += 1
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(period_s):
-                    await stop.wait()
-        if not live:
-            checkpoints = await _checkpoints(bus, view.state)
-            print(render(summarise(view.state, alerts=alerts, checkpoints=checkpoints)), flush=True)
+        if live:
+            await _draw_live(bus, view, alerts=alerts, stop=stop, period_s=period_s)
+        else:
+            await _print_progress(bus, view, alerts=alerts, stop=stop, period_s=period_s)
     finally:
         await sub.unsubscribe()
         if own:
             await view.stop()
+
+
+async def _draw_live(
+    bus: Bus, view: ClusterView, *, alerts: deque[HealthEvent], stop: asyncio.Event, period_s: float
+) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    from hcs.screen import layout
+    from hcs.top import summarise
+
+    console = Console()
+    with Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as screen:
+        while not stop.is_set():
+            checkpoints = await _checkpoints(bus, view.state)
+            summary = summarise(view.state, alerts=alerts, checkpoints=checkpoints)
+            width, height = console.size
+            screen.update(layout(summary, width=width, height=height), refresh=True)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(period_s):
+                    await stop.wait()
+
+
+async def _print_progress(
+    bus: Bus, view: ClusterView, *, alerts: deque[HealthEvent], stop: asyncio.Event, period_s: float
+) -> None:
+    from hcs.top import render, summarise
+
+    tick = 0
+    while not stop.is_set():
+        if tick % 5 == 0:
+            checkpoints = await _checkpoints(bus, view.state)
+            summary = summarise(view.state, alerts=alerts, checkpoints=checkpoints)
+            print(_progress_line(summary), flush=True)
+        tick += 1
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(period_s):
+                await stop.wait()
+    checkpoints = await _checkpoints(bus, view.state)
+    print(render(summarise(view.state, alerts=alerts, checkpoints=checkpoints)), flush=True)
 
 
 async def _checkpoints(bus: Bus, state: Any) -> dict[str, messages.CheckpointEvent]:
@@ -506,13 +534,12 @@ async def _checkpoints(bus: Bus, state: Any) -> dict[str, messages.CheckpointEve
 
 
 async def _collect_alerts(bus: Bus, alerts: deque[HealthEvent]) -> Any:
-    decode = messages.decoder_for(HealthEvent).decode
+    from hcs.alerts import decoded
 
     async def on_msg(msg: Any) -> None:
-        with contextlib.suppress(msgspec.MsgspecError):
-            event = decode(msg.data)
-            if event.severity != "info" or event.source == "healer":
-                alerts.append(event)
+        event = decoded(msg.subject, msg.data)  # forged or undecodable: not an alert
+        if event is not None:
+            alerts.append(event)
 
     return await bus.nc.subscribe(subjects.HEALTH_ALL, cb=on_msg)
 
@@ -552,7 +579,11 @@ async def _top(bus: Bus, settings: Settings, *, once: bool, as_json: bool) -> in
             raise BusTimeout(
                 f"the fleet view from {redact_url(settings.bus.url)} did not load in 30 s"
             ) from None
-        summary = summarise(view.state)
+        from hcs.alerts import recent
+
+        checkpoints = await _checkpoints(bus, view.state)
+        alerts = deque(await recent(bus), maxlen=50)
+        summary = summarise(view.state, alerts=alerts, checkpoints=checkpoints)
     finally:
         await view.stop()
     print(json.dumps(summary, indent=2) if as_json else render(summary))

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,21 +100,38 @@ async def run(settings: Settings, options: UpOptions) -> int:
         scheduler={"extender_host": ext_host, "extender_port": ext_port},
         injector={"host": wh_host, "port": wh_port},
     )
-    server: NatsServer | None = None
+    failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hcs-up-") as tmp:
         state_dir = options.state_dir or Path(tmp)
-        if options.nats_url is None:
-            server = await NatsServer(store_dir=state_dir / "nats").astart()
-            settings = replace(settings, bus={"url": server.url})
-            _log.info("nats_started", url=server.url, store=str(state_dir / "nats"))
+        (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        # On a terminal the live screen owns it: this process's own log lines go
+        # to logs/hcs-up.log, and a failing part is told once the screen is gone.
         try:
-            return await _run_stack(settings, options, state_dir=state_dir)
+            with _stderr_to(state_dir / "logs" / "hcs-up.log", enabled=sys.stdout.isatty()):
+                return await _run_in(settings, options, state_dir=state_dir, failures=failures)
         finally:
-            if server is not None:
-                server.cleanup()
+            for failure in failures:
+                print(failure, file=sys.stderr, flush=True)
 
 
-async def _run_stack(settings: Settings, options: UpOptions, *, state_dir: Path) -> int:
+async def _run_in(
+    settings: Settings, options: UpOptions, *, state_dir: Path, failures: list[str]
+) -> int:
+    server: NatsServer | None = None
+    if options.nats_url is None:
+        server = await NatsServer(store_dir=state_dir / "nats").astart()
+        settings = replace(settings, bus={"url": server.url})
+        _log.info("nats_started", url=server.url, store=str(state_dir / "nats"))
+    try:
+        return await _run_stack(settings, options, state_dir=state_dir, failures=failures)
+    finally:
+        if server is not None:
+            server.cleanup()
+
+
+async def _run_stack(
+    settings: Settings, options: UpOptions, *, state_dir: Path, failures: list[str]
+) -> int:
     bus = await connect(settings.bus, name="hcs-up")
     await streams.init(bus, settings.bus)
     certs_dir = _dev_certs(state_dir / "certs", host=settings.injector.host)
@@ -137,9 +155,10 @@ async def _run_stack(settings: Settings, options: UpOptions, *, state_dir: Path)
         view = ClusterView(bus, settings=settings.scheduler, health_replay_s=600.0)
         await view.start()
         live = sys.stdout.isatty()
+        watch = _watch_parts(running, stop, logs=state_dir / "logs", failures=failures)
         background = [
             tasks.start(show_top(bus, settings, live=live, stop=stop, view=view), name="up:top"),
-            tasks.start(_watch_parts(running, stop, logs=state_dir / "logs"), name="up:watch"),
+            tasks.start(watch, name="up:watch"),
         ]
         if options.demo_job:
             job = DemoJob(
@@ -199,9 +218,11 @@ def _print_metrics(running: list[Part]) -> None:
     print(f"hcs up: metrics {ports}", flush=True)
 
 
-async def _watch_parts(running: list[Part], stop: asyncio.Event, *, logs: Path) -> None:
-    """A part that exits on its own stops the stack, and shows why: the reason
-    and the last lines of its log (its log folder may vanish at exit)."""
+async def _watch_parts(
+    running: list[Part], stop: asyncio.Event, *, logs: Path, failures: list[str]
+) -> None:
+    """A part that exits on its own stops the stack, and ``failures`` says why:
+    the reason and the last lines of its log (its log folder may vanish at exit)."""
     waits = {asyncio.create_task(p.process.wait()): p for p in running if p.process}
     done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
@@ -212,13 +233,30 @@ async def _watch_parts(running: list[Part], stop: asyncio.Event, *, logs: Path) 
         why = partlogs.reason(lines) or "no error in its log"
         _log.error("part_exited", part=part.name, code=task.result(), reason=why)
         shown = "\n".join(f"  {partlogs.readable(line)}" for line in lines)
-        print(
+        failures.append(
             f"hcs up: part {part.name} exited with code {task.result()}: {why}\n"
-            f"last lines of its log:\n{shown}",
-            file=sys.stderr,
-            flush=True,
+            f"last lines of its log:\n{shown}"
         )
     stop.set()
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path, *, enabled: bool) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` for a while (when ``enabled``)."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 async def _stop_parts(running: list[Part]) -> None:

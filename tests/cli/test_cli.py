@@ -12,7 +12,7 @@ import pytest
 
 from hcs_bus import subjects
 from hcs_bus.bus import Bus
-from tests.view.factories import fingerprint
+from tests.view.factories import fingerprint, reservation, verdict
 
 
 def hcs(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -52,6 +52,53 @@ async def test_top_once_json_shows_every_node_and_the_fleet_totals(bus: Bus, nat
     assert [n["node"] for n in view["nodes"]] == ["n0", "n1", "n2"]
     assert view["totals"]["devices"] == 12
     assert view["models"][0]["model"] == "nvidia/A100-80G"
+
+
+async def test_top_once_json_shows_the_alerts_and_checkpoints_the_live_view_shows(
+    bus: Bus, nats_url: str
+) -> None:
+    from msgspec import structs
+
+    from hcs_bus import checkpoint, messages, streams
+    from hcs_bus.messages import HealthEvent, NodeReservations
+
+    fp = fingerprint("gpu-a", devices=2)
+    await bus.publish(subjects.fp(fp.node), fp, msg_id="a:1")
+    xid = HealthEvent(
+        node="gpu-a",
+        kind="xid",
+        severity="fatal",
+        source="agent",
+        time_s=2.0,
+        device=1,
+        code=79,
+        message="Xid 79: fell off the bus",
+    )
+    info = structs.replace(xid, kind="clock", severity="info", code=None, message="clocks fine")
+    forged = structs.replace(verdict("gpu-a", 0, "failed"), message="forged by an agent")
+    real = structs.replace(verdict("gpu-a", 1, "failed"), message="device 1 failed")
+    await bus.publish(subjects.health("gpu-a"), xid, msg_id="h:1")
+    await bus.publish(subjects.health("gpu-a"), info, msg_id="h:2")
+    await bus.publish(subjects.health("gpu-a"), forged, msg_id="h:3")
+    await bus.publish(subjects.healer_health("gpu-a"), real, msg_id="h:4")
+    held = structs.replace(reservation("ml", "train-0", [(0, 81920, True)]), job="llama")
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    doc = NodeReservations(node="gpu-a", reservations=(held,))
+    await kv.put(subjects.alloc_key("gpu-a"), messages.encode(doc))
+    await checkpoint.report(bus, namespace="ml", job="llama", uri="s3://ck/step-40", step=40)
+
+    done = await asyncio.to_thread(hcs, "--nats-url", nats_url, "top", "--once", "--json")
+
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert [a["message"] for a in view["alerts"]] == ["Xid 79: fell off the bus", "device 1 failed"]
+    [job] = view["jobs"]
+    assert (job["job"], job["pod"], job["checkpoint"], job["step"]) == (
+        "ml/llama",
+        "train-0",
+        "s3://ck/step-40",
+        40,
+    )
 
 
 async def test_watch_prints_health_events_as_json_lines(bus: Bus, nats_url: str) -> None:
