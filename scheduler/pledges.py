@@ -40,7 +40,7 @@ KEY_PREFIX = "pledges="
 SpendOutcome = Literal["spend", "again", "used", "foreign", "missing"]
 
 
-class Pledge(msgspec.Struct, frozen=True, kw_only=True):
+class Pledge(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One promise: a class and size for one pod of a namespace."""
 
     id: str

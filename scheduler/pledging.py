@@ -134,6 +134,16 @@ class Pledger:
             return summary
         return planning.charged(summary, by_class=pledges.per_class(live), by_namespace=by_ns)
 
+    def by_namespace(self) -> dict[str, tuple[pledges.Held, int]]:
+        """Per namespace: what its outstanding pledges hold, and how many."""
+        ids = self.summary().pledge_ids
+        out: dict[str, tuple[pledges.Held, int]] = {}
+        for ns, held in self.docs.items():
+            mine = pledges.outstanding(held.doc, reserved=ids)
+            if mine:
+                out[ns] = (pledges.held(mine), len(mine))
+        return out
+
     # -- make -------------------------------------------------------------
     async def place(self, request: PlanRequest, plan: PlanFn) -> Plan:
         """Plan ``request`` with the pledges counted and, when it is a plan,
