@@ -196,7 +196,11 @@ async def main(small: bool) -> None:
         names = [f.node for f in fps]
         ext = await bench_extender(sched, names, calls)
         plans_s, plan_lat = await bench_plans(bus, 400 if small else 4000)
-        pledged_s, pledged_lat = await bench_plans(bus, 400 if small else 2000, pledged=True)
+        # admissions come in bursts: the same number of plans, 16 at a time,
+        # as dry runs and as admissions that write their pledges
+        burst = 400 if small else 2000
+        dry_s, _ = await bench_plans(bus, burst, concurrency=16)
+        pledged_s, pledged_lat = await bench_plans(bus, burst, concurrency=16, pledged=True)
         bus2 = await connect(bus_settings, name="bench-2")
         settings2 = replace(settings, scheduler={"extender_port": free_port()})
         other = await run(bus2, None, settings2, http=False)
@@ -215,6 +219,7 @@ async def main(small: bool) -> None:
         ext=ext,
         plans_s=plans_s,
         plan_lat=plan_lat,
+        dry_s=dry_s,
         pledged_s=pledged_s,
         pledged_lat=pledged_lat,
         binds_s=binds_s,
@@ -248,10 +253,11 @@ def report(**r: Any) -> None:
     )
     p99 = pct(r["pledged_lat"], 0.99)
     ok = "ok" if r["pledged_s"] >= 1000 else "MISSED"
+    print(f"{'dry-run plans, 16 at a time':<34}{'':>18}{r['dry_s']:>10.0f}/s")
     print(
-        f"{'plans with pledges (1 namespace)':<34}"
+        f"{'plans with pledges, 16 at a time':<34}"
         f"{statistics.median(r['pledged_lat']) * 1000:>9.2f}{p99:>9.2f}"
-        f"{r['pledged_s']:>10.0f}/s   {ok} ≥1000/s ({r['pledged_s'] / r['plans_s']:.2f}× dry runs)"
+        f"{r['pledged_s']:>10.0f}/s   {ok} ≥1000/s ({r['pledged_s'] / r['dry_s']:.2f}× dry runs)"
     )
     print(
         f"{'binds, 2 replicas contending':<34}{'':>18}{r['binds_s']:>10.0f}/s   "

@@ -88,6 +88,15 @@ class Held:
     acu: float = 0.0
     devices: int = 0
 
+    def add(self, other: Held) -> Held:
+        return Held(
+            whole_devices=self.whole_devices + other.whole_devices,
+            slice_mib=self.slice_mib + other.slice_mib,
+            vram_mib=self.vram_mib + other.vram_mib,
+            acu=self.acu + other.acu,
+            devices=self.devices + other.devices,
+        )
+
     def plus(self, p: Pledge) -> Held:
         return Held(
             whole_devices=self.whole_devices + (p.devices if p.whole_device else 0),
