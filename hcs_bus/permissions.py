@@ -396,6 +396,13 @@ def registered_nodes(node_list: Mapping[str, Any]) -> dict[str, Credential]:
     return out
 
 
+def listed_namespaces(namespace_list: Mapping[str, Any]) -> list[str]:
+    """Names in a ``kubectl get namespaces -o json`` list (the Job lists those
+    labelled ``hcs.io/checkpoints``: their sidecars get ``sidecar:<ns>``)."""
+    items = namespace_list.get("items") or []
+    return sorted({str((i.get("metadata") or {}).get("name")) for i in items} - {"None"})
+
+
 def service_credentials(seeds_dir: Path, *, names: Sequence[str]) -> dict[str, Credential]:
     """Each service's seed in ``<dir>/<service>.nk`` (``sidecar:ml``:
     ``sidecar-ml.nk``), made when missing."""
@@ -408,7 +415,8 @@ def service_credentials(seeds_dir: Path, *, names: Sequence[str]) -> dict[str, C
 def _render(args: argparse.Namespace) -> int:
     node_list = json.loads(Path(args.nodes_json).read_text())
     nodes = registered_nodes(node_list)
-    namespaces = sorted(set(args.sidecar_namespace))
+    listed = json.loads(Path(args.namespaces_json).read_text()) if args.namespaces_json else {}
+    namespaces = sorted({*args.sidecar_namespace, *listed_namespaces(listed)})
     names = (*SERVICES, FLEET) if args.simulated_fleet else SERVICES
     names = (*names, *(sidecar_user(ns) for ns in namespaces))
     creds = {**nodes, **service_credentials(Path(args.seeds_dir), names=names)}
@@ -454,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="a namespace whose checkpoint sidecars get user sidecar:<ns> (repeatable)",
+    )
+    ren.add_argument(
+        "--namespaces-json", help="kubectl get namespaces -o json: each a sidecar user"
     )
     args = parser.parse_args(argv)
     if args.command == "render":

@@ -5,8 +5,10 @@ real nats-server running the authorization rendered by
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import nats.errors
 import pytest
@@ -221,3 +223,22 @@ async def test_a_checkpoint_whose_body_names_another_namespace_is_never_a_resume
     await kv.put(key, messages.encode(own))
     got = await checkpoint.latest(scheduler, namespace="team-b", job="gpt")
     assert got is not None and got.uri == "s3://b/gpt"
+
+
+def test_render_makes_one_sidecar_user_per_listed_namespace_with_only_its_keys(
+    tmp_path: Path,
+) -> None:
+    nodes = {"items": [{"metadata": {"name": NODE, "labels": {}}}]}
+    namespaces = {"items": [{"metadata": {"name": "ml"}}, {"metadata": {"name": "team-b"}}]}
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    (tmp_path / "namespaces.json").write_text(json.dumps(namespaces))
+    out = tmp_path / "auth.conf"
+    argv = ["render", "--nodes-json", str(tmp_path / "nodes.json"), "--seeds-dir"]
+    argv += [str(tmp_path / "seeds"), "--out", str(out)]
+    assert permissions.main([*argv, "--namespaces-json", str(tmp_path / "namespaces.json")]) == 0
+    conf = out.read_text()
+    assert '"$KV.hcs_ckpt.ml.*"' in conf and '"$KV.hcs_ckpt.team-b.*"' in conf
+    assert '"$KV.hcs_ckpt.*.*"' not in conf and '"$KV.hcs_ckpt.>"' not in conf
+    assert {"sidecar-ml.nk", "sidecar-team-b.nk"} <= {
+        p.name for p in (tmp_path / "seeds").iterdir()
+    }
