@@ -243,11 +243,13 @@ class Bus:
         *,
         queue: str,
         on_bad: Callable[[str], msgspec.Struct],
+        concurrency: int = 1,
     ) -> Any:
         """Answer requests on ``subject`` in a queue group. A request that does
         not decode is answered with ``on_bad(reason)`` and counted; a handler
         that raises is answered with ``on_bad(reason)`` too, never left to
-        time out."""
+        time out. ``concurrency`` > 1: up to that many handlers at once (for
+        handlers that wait on I/O), else one after the other."""
 
         async def respond(msg: Msg) -> None:
             try:
@@ -265,7 +267,22 @@ class Bus:
                 answer = on_bad(f"failed: {exc!r}")
             await msg.respond(messages.encode(answer))
 
-        return await self.nc.subscribe(subject, queue=queue, cb=respond)
+        if concurrency <= 1:
+            return await self.nc.subscribe(subject, queue=queue, cb=respond)
+        slots = asyncio.Semaphore(concurrency)
+        running: set[asyncio.Task[None]] = set()
+
+        def done(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            slots.release()
+
+        async def spawn(msg: Msg) -> None:
+            await slots.acquire()
+            task = asyncio.create_task(respond(msg), name=f"serve {subject}")
+            running.add(task)
+            task.add_done_callback(done)
+
+        return await self.nc.subscribe(subject, queue=queue, cb=spawn)
 
     async def dead_letter(self, msg: Msg, *, reason: str) -> bool:
         """Copy a message to ``hcs.dlq.<subject>`` with its origin and reason,

@@ -74,12 +74,16 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "get_pod": (ApiCall("", "pods", ("get",)),),
     "list_pods": (ApiCall("", "pods", ("list",)),),
     "watch_pods": (ApiCall("", "pods", ("list", "watch")),),
+    "patch_pod_annotations": (ApiCall("", "pods", ("patch",)),),
+    "patch_pod_condition": (ApiCall("", "pods/status", ("patch",)),),
+    "create_event": (ApiCall("", "events", ("create",)),),
     "watch_nodes": (ApiCall("", "nodes", ("list", "watch")),),
     "get_lease": (ApiCall(_COORD, "leases", ("get",)),),
     "create_lease": (ApiCall(_COORD, "leases", ("create",)),),
     "replace_lease": (ApiCall(_COORD, "leases", ("update",)),),
     "list_compute_quotas": (ApiCall(CRD_GROUP, "computequotas", ("list",)),),
     "patch_compute_quota_usage": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
+    "patch_compute_quota_used": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
     "patch_compute_node_status": (
         ApiCall(CRD_GROUP, "computenodes/status", ("patch",)),
         ApiCall(CRD_GROUP, "computenodes", ("create",)),
@@ -312,6 +316,47 @@ class Kube:
             body,
         )
 
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> dict[str, Any]:
+        """Merge-patch the pod's annotations; a None value removes that one."""
+        for key, value in annotations.items():
+            if not isinstance(key, str) or not (value is None or isinstance(value, str)):
+                raise KubeInvalid(f"pod {namespace}/{name} annotation {key!r}: want str → str")
+        return await self._call(
+            f"patch annotations of pod {namespace}/{name}",
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            {"metadata": {"annotations": annotations}},
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_pod_condition(
+        self, namespace: str, name: str, condition: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Set one pod condition (merged by ``type``) by strategic merge on /status."""
+        if not isinstance(condition.get("type"), str) or condition.get("status") not in (
+            "True",
+            "False",
+            "Unknown",
+        ):
+            raise KubeInvalid(f"pod {namespace}/{name} condition {condition!r}: needs type, status")
+        return await self._call(
+            f"patch condition {condition['type']} of pod {namespace}/{name}",
+            self._core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            {"status": {"conditions": [condition]}},
+            _content_type=STRATEGIC_MERGE_PATCH,
+        )
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a core/v1 Event; KubeConflict when one of that name exists."""
+        return await self._call(
+            f"create event in {namespace}", self._core.create_namespaced_event, namespace, body
+        )
+
     async def watch_pods(
         self, *, field_selector: str | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -464,6 +509,23 @@ class Kube:
             "computequotas",
             name,
             {"status": {"usage": usage}},
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_compute_quota_used(
+        self, namespace: str, name: str, used: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch ``status.used`` of a ComputeQuota (what the ledger holds
+        for the namespace: reservations and pledges); the rest is left alone."""
+        return await self._call(
+            f"patch used of computequota {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object_status,
+            CRD_GROUP,
+            CRD_VERSION,
+            namespace,
+            "computequotas",
+            name,
+            {"status": {"used": used}},
             _content_type=MERGE_PATCH,
         )
 

@@ -245,6 +245,8 @@ def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
         pod = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise PodError(f"request.{what} is not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # invalid UTF-8, deep nesting
+        raise PodError(f"request.{what} is not JSON: {exc!r:.200}") from exc
     if pod is None:
         return {}
     if not isinstance(pod, dict):

@@ -91,6 +91,10 @@ class Kube(Protocol):
 
     async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]: ...
 
+    async def patch_compute_quota_used(
+        self, namespace: str, name: str, used: dict[str, Any]
+    ) -> dict[str, Any]: ...
+
     async def list_pods(
         self,
         *,

@@ -106,10 +106,10 @@ def summarise(nodes: Iterable[NodeView]) -> Summary:
 def charged(
     summary: Summary, *, by_class: Mapping[str, Held], by_namespace: Mapping[str, Held]
 ) -> Summary:
-    """``summary`` with the outstanding pledges counted: a class's room shrinks
-    by what is pledged on it, a namespace's usage grows by its pledges."""
+    """``summary`` with (more) outstanding pledges counted: a class's room
+    shrinks by what is pledged on it, a namespace's usage grows by its pledges."""
     classes = {
-        key: replace(stats, pledged=by_class[key]) if key in by_class else stats
+        key: replace(stats, pledged=stats.pledged.add(by_class[key])) if key in by_class else stats
         for key, stats in summary.classes.items()
     }
     usage = dict(summary.usage)

@@ -40,7 +40,7 @@ KEY_PREFIX = "pledges="
 SpendOutcome = Literal["spend", "again", "used", "foreign", "missing"]
 
 
-class Pledge(msgspec.Struct, frozen=True, kw_only=True):
+class Pledge(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One promise: a class and size for one pod of a namespace."""
 
     id: str
@@ -87,6 +87,15 @@ class Held:
     vram_mib: int = 0  # all VRAM
     acu: float = 0.0
     devices: int = 0
+
+    def add(self, other: Held) -> Held:
+        return Held(
+            whole_devices=self.whole_devices + other.whole_devices,
+            slice_mib=self.slice_mib + other.slice_mib,
+            vram_mib=self.vram_mib + other.vram_mib,
+            acu=self.acu + other.acu,
+            devices=self.devices + other.devices,
+        )
 
     def plus(self, p: Pledge) -> Held:
         return Held(

@@ -16,6 +16,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import msgspec
 from nats.errors import Error as NatsError
@@ -44,6 +45,18 @@ class _Held(msgspec.Struct):
     revision: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    revision: int | None
+    ids: frozenset[str]
+    by_class: dict[str, pledges.Held]
+    total: pledges.Held
+    count: int
+
+
+_Waiting = tuple[PlanRequest, PlanFn, "asyncio.Future[Plan]"]
+
+
 class Pledger:
     """One replica's pledges: the documents it knows, and the CAS writes."""
 
@@ -60,6 +73,9 @@ class Pledger:
         self.ttl_s, self.grace_s = ttl_s, grace_s
         self.docs: dict[str, _Held] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._tallies: dict[str, _Tally] = {}
+        self._waiting: dict[str, list[_Waiting]] = {}
+        self._flushing: set[str] = set()
 
     # -- documents --------------------------------------------------------
     def apply(self, key: str, value: bytes | None, revision: int) -> None:
@@ -120,41 +136,129 @@ class Pledger:
         return found
 
     # -- counting ---------------------------------------------------------
+    def _tally(self, ns: str, held: _Held, ids: frozenset[str]) -> _Tally:
+        """What the namespace's outstanding pledges hold (cached per revision)."""
+        cached = self._tallies.get(ns)
+        if cached is not None and cached.revision == held.revision and cached.ids is ids:
+            return cached
+        mine = pledges.outstanding(held.doc, reserved=ids)
+        tally = _Tally(held.revision, ids, pledges.per_class(mine), pledges.held(mine), len(mine))
+        self._tallies[ns] = tally
+        return tally
+
+    def _tally_more(
+        self,
+        ns: str,
+        *,
+        was: int | None,
+        by_class: dict[str, pledges.Held],
+        total: pledges.Held,
+        count: int,
+    ) -> None:
+        """After our own write on revision ``was``: the tally grows by what was
+        added, without counting the document again (O(added), not O(held))."""
+        cached, now = self._tallies.get(ns), self.docs.get(ns)
+        if cached is None or now is None or cached.revision != was:
+            return
+        merged = dict(cached.by_class)
+        for key, value in by_class.items():
+            merged[key] = merged[key].add(value) if key in merged else value
+        self._tallies[ns] = _Tally(
+            now.revision, cached.ids, merged, cached.total.add(total), cached.count + count
+        )
+
     def charged(self, summary: planning.Summary) -> planning.Summary:
         """The view's summary with every known outstanding pledge counted."""
-        ids = summary.pledge_ids
-        live: list[Pledge] = []
+        by_class: dict[str, pledges.Held] = {}
         by_ns: dict[str, pledges.Held] = {}
         for ns, held in self.docs.items():
-            mine = pledges.outstanding(held.doc, reserved=ids)
-            if mine:
-                live += mine
-                by_ns[ns] = pledges.held(mine)
-        if not live:
+            tally = self._tally(ns, held, summary.pledge_ids)
+            if not tally.count:
+                continue
+            by_ns[ns] = tally.total
+            for key, value in tally.by_class.items():
+                by_class[key] = by_class[key].add(value) if key in by_class else value
+        if not by_ns:
             return summary
-        return planning.charged(summary, by_class=pledges.per_class(live), by_namespace=by_ns)
+        return planning.charged(summary, by_class=by_class, by_namespace=by_ns)
+
+    def by_namespace(self) -> dict[str, tuple[pledges.Held, int]]:
+        """Per namespace: what its outstanding pledges hold, and how many."""
+        ids = self.summary().pledge_ids
+        out: dict[str, tuple[pledges.Held, int]] = {}
+        for ns, held in self.docs.items():
+            tally = self._tally(ns, held, ids)
+            if tally.count:
+                out[ns] = (tally.total, tally.count)
+        return out
 
     # -- make -------------------------------------------------------------
     async def place(self, request: PlanRequest, plan: PlanFn) -> Plan:
         """Plan ``request`` with the pledges counted and, when it is a plan,
-        record its pledge; the Plan carries the pledge id."""
+        record its pledge; the Plan carries the pledge id. Requests of one
+        namespace that arrive while a write is on its way are planned one
+        after the other against the pledges before them and written together
+        (one compare-and-set for the batch)."""
         ns = request.namespace
-        async with self.lock(ns):
-            held = self.docs.get(ns) or await self.read(ns)
-            for _attempt in range(MAX_ATTEMPTS):
-                found = await plan(request, self.charged(self.summary()))
+        done: asyncio.Future[Plan] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(ns, []).append((request, plan, done))
+        if ns not in self._flushing:
+            self._flushing.add(ns)
+            try:
+                while self._waiting.get(ns):
+                    await self._commit(ns, self._waiting.pop(ns))
+            finally:
+                self._flushing.discard(ns)
+                for *_, fut in self._waiting.pop(ns, []):  # the flusher was cancelled
+                    fut.set_exception(BusUnavailable("hcs: planning interrupted; retry"))
+        return await done
+
+    async def _commit(self, ns: str, batch: list[_Waiting]) -> None:
+        try:
+            results = await self._plan_batch(ns, batch)
+        except Exception as exc:  # every waiter gets the failure, the next batch goes on
+            for _request, _plan, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_request, _plan, fut), result in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(result)
+
+    async def _plan_batch(self, ns: str, batch: list[_Waiting]) -> list[Plan]:
+        held = self.docs.get(ns) or await self.read(ns)
+        for _attempt in range(MAX_ATTEMPTS):
+            base = self.charged(self.summary())
+            made: list[Pledge] = []
+            by_class: dict[str, pledges.Held] = {}
+            total = pledges.Held()
+            out: list[Plan] = []
+            for request, plan, _fut in batch:
+                summary = base
+                if made:
+                    summary = planning.charged(base, by_class=by_class, by_namespace={ns: total})
+                found = await plan(request, summary)
                 if not found.ok or found.devices < 1:
                     PLEDGES.add(1, {"outcome": "refused"})
-                    return found
-                pledge = self._pledge(request, found)
-                doc = pledges.with_pledge(held.doc, pledge, namespace=ns)
-                try:
-                    await self.write(ns, doc, revision=held.revision)
-                except CasConflict:
-                    held = await self.read(ns)
+                    out.append(found)
                     continue
-                PLEDGES.add(1, {"outcome": "made"})
-                return msgspec.structs.replace(found, pledge=pledge.id)
+                pledge = self._pledge(request, found)
+                made.append(pledge)
+                by_class[pledge.key] = by_class.get(pledge.key, pledges.Held()).plus(pledge)
+                total = total.plus(pledge)
+                out.append(msgspec.structs.replace(found, pledge=pledge.id))
+            if not made:
+                return out
+            before = held.doc.pledges if held.doc is not None else ()
+            doc = NamespacePledges(namespace=ns, pledges=(*before, *made))
+            try:
+                await self.write(ns, doc, revision=held.revision)
+            except CasConflict:
+                held = await self.read(ns)
+                continue
+            self._tally_more(ns, was=held.revision, by_class=by_class, total=total, count=len(made))
+            PLEDGES.add(len(made), {"outcome": "made"})
+            return out
         raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
 
     def _pledge(self, request: PlanRequest, plan: Plan) -> Pledge:

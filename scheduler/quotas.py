@@ -3,7 +3,9 @@ or a YAML file (``scheduler.quota_file``) when there is no cluster.
 
 A ComputeQuota's limits are read from ``spec.hard`` with the resource names
 pods use (``ai.compute/vram`` as a quantity, ``ai.compute/acu`` a number);
-several quotas in one namespace: the tightest of each wins. The file::
+several quotas in one namespace: the tightest of each wins. ``UsedWriter``
+writes their ``status.used`` from the ledger (reservations and pledges).
+The file::
 
     namespaces:
       ml-team: {vram: 640Gi, acu: 800}
@@ -15,6 +17,7 @@ Answers are cached for ``ttl_s``; a failing API keeps the last answer
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +25,12 @@ import msgspec
 import yaml
 
 from hcs_bus.errors import ConfigError, HcsError
+from hcs_bus.messages import Reservation
 from hcs_bus.telemetry import logger
-from hcs_bus.units import QuantityError, parse_quantity, quantity_mib
+from hcs_bus.units import QuantityError, format_mib, parse_quantity, quantity_mib
 from scheduler.booking import Kube
 from scheduler.planning import QuotaLimits
+from scheduler.pledges import Held
 
 _log = logger("hcs.scheduler.quotas")
 
@@ -85,6 +90,7 @@ class QuotaSource:
         self.ttl_s = ttl_s
         self._file = read_file(file) if file else None
         self._cache: dict[str, tuple[float, QuotaLimits | None]] = {}
+        self.names: dict[str, tuple[str, ...]] = {}  # namespace → its ComputeQuotas
 
     async def limits(self, namespace: str) -> QuotaLimits | None:
         if self.kube is None:
@@ -94,9 +100,103 @@ class QuotaSource:
         if held is not None and now - held[0] < self.ttl_s:
             return held[1]
         try:
-            value = from_objects(await self.kube.list_compute_quotas(namespace))
+            objects = await self.kube.list_compute_quotas(namespace)
+            self.names[namespace] = tuple(
+                str((o.get("metadata") or {}).get("name", "")) for o in objects
+            )
+            value = from_objects(objects)
         except (HcsError, QuantityError) as exc:
             _log.warning("quota_read_failed", namespace=namespace, error=str(exc))
             return held[1] if held else None
         self._cache[namespace] = (now, value)
         return value
+
+
+# ----------------------------------------------------------- status.used --
+
+
+class Used(msgspec.Struct, frozen=True):
+    """What the ledger holds for one namespace: reservations and pledges."""
+
+    vram_mib: int = 0
+    acu: float = 0.0
+    devices: int = 0
+    pledges: int = 0
+
+    def body(self) -> dict[str, Any]:
+        """``status.used`` of the namespace's ComputeQuotas."""
+        return {
+            "vram": format_mib(self.vram_mib),
+            "acu": round(self.acu, 3),
+            "devices": self.devices,
+            "pledges": self.pledges,
+        }
+
+
+def used_by_namespace(
+    reservations: Iterable[Reservation], pledged: Mapping[str, tuple[Held, int]]
+) -> dict[str, Used]:
+    """Per namespace: its reservations' devices, VRAM and ACU, plus its
+    outstanding pledges (``pledged``: namespace → (what they hold, how many))."""
+    out: dict[str, Used] = {}
+    for r in reservations:
+        if r.state not in ("reserved", "bound"):
+            continue
+        u = out.get(r.pod.namespace, Used())
+        out[r.pod.namespace] = Used(
+            vram_mib=u.vram_mib + sum(s.vram_mib for s in r.devices),
+            acu=u.acu + r.acu,
+            devices=u.devices + len(r.devices),
+            pledges=u.pledges,
+        )
+    for ns, (held, count) in pledged.items():
+        u = out.get(ns, Used())
+        out[ns] = Used(
+            vram_mib=u.vram_mib + held.vram_mib,
+            acu=u.acu + held.acu,
+            devices=u.devices + held.devices,
+            pledges=u.pledges + count,
+        )
+    return out
+
+
+class UsedWriter:
+    """Writes ``status.used`` of every ComputeQuota of the namespaces HCS knows
+    (those it planned for, and those the ledger holds devices for), when it
+    changed; both replicas may write: the figures are the ledger's."""
+
+    def __init__(
+        self,
+        *,
+        kube: Kube,
+        quotas: QuotaSource,
+        used: Callable[[], dict[str, Used]],
+    ) -> None:
+        self.kube, self.quotas, self.used = kube, quotas, used
+        self._written: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def write(self) -> int:
+        """One round; how many quotas were patched."""
+        now = self.used()
+        count = 0
+        for ns in sorted(set(now) | set(self.quotas.names)):
+            await self.quotas.limits(ns)  # lists the quotas when the cache is old
+            body = now.get(ns, Used()).body()
+            for name in self.quotas.names.get(ns, ()):
+                if self._written.get((ns, name)) == body:
+                    continue
+                try:
+                    await self.kube.patch_compute_quota_used(ns, name, body)
+                except HcsError as exc:
+                    _log.warning(
+                        "quota_used_write_failed", namespace=ns, quota=name, error=str(exc)
+                    )
+                    continue
+                self._written[(ns, name)] = body
+                count += 1
+        return count
+
+    async def run(self, *, every_s: float = 2.0) -> None:
+        while True:
+            await self.write()
+            await asyncio.sleep(every_s)

@@ -21,10 +21,11 @@ from hcs_bus.profiles import ProfileDB
 from hcs_bus.profiles import load as load_profiles
 from hcs_bus.settings import Settings
 from hcs_bus.telemetry import logger, meter
-from scheduler import console, gauging, placing, watching
+from scheduler import console, gauging, placing, pledging, stranding, watching
 from scheduler.booking import Booker, Kube
 from scheduler.extending import Extender, serve
-from scheduler.quotas import QuotaSource
+from scheduler.pledging import Pledger
+from scheduler.quotas import QuotaSource, UsedWriter, used_by_namespace
 from scheduler.serving import Planner, PlanService
 from scheduler.state import ClusterState
 from scheduler.viewing import ClusterView
@@ -112,6 +113,9 @@ async def run(
         view.state, profiles=profiles or profile_db(), quotas=quotas, max_age_s=summary_max_age_s
     )
     view.listeners.append(planner.changed)
+    pledger = Pledger(kv=kv, summary=planner.summary, ttl_s=cfg.pledge_ttl_s)
+    view.key_listeners.append(pledger.apply)
+    planner.pledger, booker.spend, booker.unpledge = pledger, planner.spend, pledger.release
     extender = Extender(
         view, planner=planner, booker=booker, kube=kube, weights=placing.Weights.from_settings(cfg)
     )
@@ -124,10 +128,24 @@ async def run(
         console.mount(app, console.Console(view, bus=bus, profiles=planner.profiles, quotas=quotas))
         runner = await serve(app, host=cfg.extender_host, port=cfg.extender_port)
     running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
+    running.append(tasks.start(pledging.sweep_loop(pledger), name="pledge-sweep"))
     if kube is not None:
         running.append(tasks.start(watching.watch_pods(kube, booker), name="pod-watch"))
         running.append(tasks.start(watching.watch_nodes(kube, view), name="node-watch"))
+        used = UsedWriter(
+            kube=kube,
+            quotas=quotas,
+            used=lambda: used_by_namespace(
+                (r for n in view.state.nodes.values() for r in n.reservations.values()),
+                pledger.by_namespace(),
+            ),
+        )
+        running.append(tasks.start(used.run(), name="quota-used"))
         reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)
         running.append(tasks.start(reconciling, name="pod-reconcile"))
+        strands = stranding.of_settings(
+            kube=kube, planner=planner, settings=settings, replica=replica
+        )
+        running.append(tasks.start(strands.run(ready=view.ready), name="stranding"))
     _log.info("scheduler_started", replica=replica, cluster=kube is not None)
     return Scheduler(view, planner, booker, service, extender, runner, running)

@@ -31,6 +31,9 @@ PLAN_SECONDS = meter("hcs.scheduler").create_histogram(
 )
 
 
+PLACE_CONCURRENCY = 64
+
+
 class Planner:
     def __init__(
         self,
@@ -126,6 +129,7 @@ class PlanService:
                 self._place,
                 queue=subjects.PLACE_QUEUE,
                 on_bad=lambda reason: Plan(ok=False, reason=reason),
+                concurrency=PLACE_CONCURRENCY,  # admissions wait on their pledge's write
             ),
             await self.bus.serve(
                 subjects.RELEASE,

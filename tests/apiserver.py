@@ -13,6 +13,8 @@ uses, behaving as the real one does for them (DESIGN §5):
 - ``pods/{n}/eviction`` consults the namespace's PodDisruptionBudgets and
   answers 429 (shape of k8s/eviction-429-status.json) or deletes the pod
   (201 Status; ``dryRun=All`` writes nothing);
+- pod annotations by merge patch and pod conditions on ``/status`` (merged by
+  ``type``) as for nodes; Events created by name (409 AlreadyExists twice);
 - pod and node lists with field/label selectors and ``limit``/``continue``;
   pod and node watches stream JSON lines from a ``resourceVersion`` (ERROR 410
   once compacted; BOOKMARKs with ``allowWatchBookmarks`` when asked for).
@@ -42,7 +44,8 @@ from tests.kube.semantics import KINDS, Obj, Problem, now
 
 
 class ApiServer:
-    """State (``nodes``, ``pods``, ``pdbs``, ``leases``, ``quotas``, ``computenodes``)
+    """State (``nodes``, ``pods``, ``pdbs``, ``leases``, ``quotas``, ``computenodes``,
+    ``events``)
     plus the ``requests`` log; ``url`` once started."""
 
     def __init__(self) -> None:
@@ -52,6 +55,7 @@ class ApiServer:
         self.leases: dict[tuple[str, str], Obj] = {}
         self.quotas: dict[tuple[str, str], Obj] = {}
         self.computenodes: dict[str, Obj] = {}
+        self.events: dict[tuple[str, str], Obj] = {}
         self.requests: list[Request] = []
         self.rv = 1000
         self.url = ""
@@ -244,6 +248,7 @@ class ApiServer:
             "leases": self.leases,
             "computequotas": self.quotas,
             "computenodes": self.computenodes,
+            "events": self.events,
         }
         return tables[resource]
 

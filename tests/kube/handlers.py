@@ -140,7 +140,7 @@ async def _get(server: ApiServer, request: web.Request, info: Info) -> web.Respo
 
 
 async def _patch(server: ApiServer, request: web.Request, info: Info) -> web.Response:
-    """PATCH a node, a node's status or a ComputeNode's status."""
+    """PATCH a node or a pod, their status, or a ComputeNode's status."""
     current = _get_stored(server, info)
     body = await _body(request)
     content_type = request.content_type
@@ -375,7 +375,7 @@ def _check_new(info: Info, body: Any, kind: str) -> Obj:
 
 
 async def _create(server: ApiServer, request: web.Request, info: Info) -> web.Response:
-    """POST a Lease or a ComputeNode (its status is dropped: status subresource)."""
+    """POST a Lease, an Event or a ComputeNode (its status is dropped: status subresource)."""
     kind = KINDS[info.resource][1]
     body = _check_new(info, await _body(request), kind)
     name = body["metadata"]["name"]
@@ -507,6 +507,9 @@ ROUTES: dict[tuple[str, str, str], Callable[..., Any]] = {
     (CORE, "pods", "get"): _get,
     (CORE, "pods", "list"): _list,
     (CORE, "pods", "watch"): _watch,
+    (CORE, "pods", "patch"): _patch,
+    (CORE, "pods/status", "patch"): _patch,
+    (CORE, "events", "create"): _create,
     (COORD, "leases", "get"): _get,
     (HCS, "computequotas", "list"): _list_quotas,
     (HCS, "computequotas/status", "patch"): _patch,

@@ -23,6 +23,7 @@ KINDS = {
     "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
     "computequotas": ("hcs.io/v1alpha1", "ComputeQuota"),
     "computenodes": ("hcs.io/v1alpha1", "ComputeNode"),
+    "events": ("v1", "Event"),
 }
 MERGE_KEYS = {
     ("status", "conditions"): "type",

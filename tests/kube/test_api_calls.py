@@ -59,6 +59,11 @@ async def _quota_usage(k: Kube, s: ApiServer) -> object:
     return await k.patch_compute_quota_usage(NS, "team", {"acuSeconds": 1.0})
 
 
+async def _quota_used(k: Kube, s: ApiServer) -> object:
+    s.add_quota(NS, "team", {"hard": {"vram": "64Gi"}})
+    return await k.patch_compute_quota_used(NS, "team", {"vram": "32Gi", "devices": 1})
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -74,12 +79,18 @@ SCENARIOS: dict[str, Scenario] = {
     "get_pod": lambda k, s: k.get_pod(NS, "p"),
     "list_pods": lambda k, s: k.list_pods(namespace=NS),
     "watch_pods": _watch,
+    "patch_pod_annotations": lambda k, s: k.patch_pod_annotations(NS, "q", {"hcs.io/wake": "1"}),
+    "patch_pod_condition": lambda k, s: k.patch_pod_condition(
+        NS, "q", {"type": "HCSStranded", "status": "True"}
+    ),
+    "create_event": lambda k, s: k.create_event(NS, {"metadata": {"name": "q.1"}, "reason": "x"}),
     "watch_nodes": _watch_nodes,
     "get_lease": lambda k, s: k.get_lease(NS, "l"),
     "create_lease": lambda k, s: k.create_lease(NS, {**LEASE, "metadata": {"name": "new"}}),
     "replace_lease": lambda k, s: k.replace_lease(NS, "l", copy.deepcopy(s.leases[(NS, "l")])),
     "list_compute_quotas": lambda k, s: k.list_compute_quotas(NS),
     "patch_compute_quota_usage": _quota_usage,
+    "patch_compute_quota_used": _quota_used,
     "patch_compute_node_status": lambda k, s: k.patch_compute_node_status("n", {"acu": 1}),
     "close": lambda k, s: k.close(),
 }

@@ -192,5 +192,14 @@ class FakeKube:
     async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]:
         return self.quotas.get(namespace, [])
 
+    async def patch_compute_quota_used(
+        self, namespace: str, name: str, used: dict[str, Any]
+    ) -> dict[str, Any]:
+        for quota in self.quotas.get(namespace, []):
+            if quota["metadata"]["name"] == name:
+                quota.setdefault("status", {})["used"] = used
+                return quota
+        raise KeyError(name)
+
     async def list_pods(self, **_selectors: Any) -> list[dict[str, Any]]:
         return list(self.pods.values())

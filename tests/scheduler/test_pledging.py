@@ -180,3 +180,38 @@ async def test_pledges_never_bound_expire_and_spent_ones_go_once_their_reservati
     doc = await _doc(bus)
     assert doc is not None and doc.pledges == ()
     assert a.pledge != b.pledge
+
+
+async def test_compute_quota_status_used_counts_reservations_and_pledges(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    from scheduler.quotas import UsedWriter, used_by_namespace
+    from tests.scheduler.helpers import FakeKube
+
+    kube = FakeKube()
+    kube.quotas["ml"] = [{"metadata": {"name": "team"}, "spec": {"hard": {"vram": "160Gi"}}}]
+    await publish_fleet(bus, node_fp("gpu-0"))
+    sched = await start_scheduler(bus, kube, http=False)
+    await until(lambda: "gpu-0" in sched.view.state.nodes)
+    first = await sched.planner.place(_request(1))
+    second = await sched.planner.place(_request(2))
+    assert first.ok and second.ok
+    await sched.booker.bind(_pod("p1", pledge=first.pledge), WHOLE, node="gpu-0")
+    pledger = sched.planner.pledger
+    assert pledger is not None
+
+    def used() -> dict:
+        reservations = (r for n in sched.view.state.nodes.values() for r in n.reservations.values())
+        return used_by_namespace(reservations, pledger.by_namespace())
+
+    # p1 bound (its pledge spent, its reservation in the view), p2 pledged only
+    await until(lambda: used().get("ml") is not None and used()["ml"].pledges == 1)
+    writer = UsedWriter(kube=kube, quotas=sched.planner.quotas, used=used)
+    assert await writer.write() == 1
+    assert kube.quotas["ml"][0]["status"]["used"] == {
+        "vram": "160Gi",
+        "acu": 200.0,
+        "devices": 2,
+        "pledges": 1,
+    }
+    assert await writer.write() == 0  # unchanged: not written again

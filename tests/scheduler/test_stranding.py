@@ -1,0 +1,152 @@
+"""The stranded-pod loop of a running replica, against the API double and a
+real nats-server: parked pods woken after the replay and when their class
+gains room; stranded pods with an owner evicted, bare ones told."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hcs_bus import messages, streams, subjects, vocabulary
+from hcs_bus.bus import Bus
+from hcs_bus.messages import NodeReservations, PodRef
+from scheduler import replanning
+from scheduler.running import Scheduler
+from tests.apiserver import ApiServer
+from tests.scheduler.conftest import Start
+from tests.scheduler.helpers import node_fp, publish_fleet, until
+from tests.view.factories import reservation
+
+NS = "ml"
+SCHED = "hcs-scheduler"
+A100_PLAN = {
+    "vendor": "nvidia",
+    "model": "A100-80G",
+    "devices": 1,
+    "vram_mib_per_device": 81920,
+    "whole_device": True,
+    "acu_per_device": 100.0,
+}
+FAST = {"replan_after_s": 0.3, "stranding_scan_s": 0.05, "wake_min_interval_s": 0.1}
+
+
+async def _fill_a100(bus: Bus, api: ApiServer) -> None:
+    """Every device of node a100-1 held by a bound pod of another namespace."""
+    api.add_pod("other", "hog", node="a100-1", uid="uid-hog")
+    hog = reservation("other", "hog", [(i, 81920, True) for i in range(8)])
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    doc = NodeReservations(node="a100-1", reservations=(hog,))
+    await kv.put(subjects.alloc_key("a100-1"), messages.encode(doc))
+
+
+async def _start(bus: Bus, start: Start, kube: Any, **cfg: Any) -> Scheduler:
+    await publish_fleet(bus, node_fp("a100-1"), node_fp("ascend-1", "huawei/Ascend910B2"))
+    sched = await start(bus, kube, http=False, **{**FAST, **cfg})
+    await until(lambda: {"a100-1", "ascend-1"} <= set(sched.view.state.nodes))
+    return sched
+
+
+def _pending_pod(
+    api: ApiServer, name: str, *, substitution: str = "allow", owned: bool = True
+) -> str:
+    resources = {"limits": {"ai.compute/devices": "1"}, "requests": {"ai.compute/devices": "1"}}
+    notes = {
+        "hcs.io/plan": json.dumps(A100_PLAN),
+        "hcs.io/models": "A100-80G",
+        "hcs.io/substitution": substitution,
+    }
+    api.add_pod(
+        NS, name, phase="Pending", scheduler_name=SCHED, annotations=notes, resources=resources
+    )
+    if owned:
+        owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs-1"}
+
+        def own(pod: dict[str, Any]) -> None:
+            pod["metadata"]["ownerReferences"] = [{**owner, "controller": True}]
+
+        api.update_pod(NS, name, own)
+    return str(api.pods[(NS, name)]["metadata"]["uid"])
+
+
+def _wake(api: ApiServer, name: str) -> str | None:
+    pod = api.pods.get((NS, name))
+    return None if pod is None else (pod["metadata"].get("annotations") or {}).get(vocabulary.WAKE)
+
+
+async def test_pending_pods_are_woken_once_the_replica_is_ready(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    _pending_pod(apiserver, "parked", substitution="deny")
+    apiserver.add_pod(NS, "other-profile", phase="Pending")
+    await _start(bus, start_scheduler, kube)
+    await until(lambda: _wake(apiserver, "parked") is not None)
+    assert _wake(apiserver, "other-profile") is None
+    patches = [r for r in apiserver.requests if r.resource == "pods" and r.verb == "patch"]
+    assert patches and patches[0].content_type == "application/merge-patch+json"
+
+
+async def test_a_class_that_gains_room_wakes_its_pending_pods_again(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    await _fill_a100(bus, apiserver)
+    _pending_pod(apiserver, "waiting", substitution="deny")  # may not move: waits for A100
+    sched = await _start(bus, start_scheduler, kube, wake_min_interval_s=0.0)
+    await until(lambda: _wake(apiserver, "waiting") is not None)
+    first = _wake(apiserver, "waiting")
+    await until(lambda: sched.view.ready.is_set())
+    assert (NS, "waiting") in apiserver.pods  # not stranded: its policy allows no other class
+    await sched.booker.release(PodRef(namespace="other", name="hog", uid="uid-hog"), reason="done")
+    await until(lambda: _wake(apiserver, "waiting") not in (None, first))
+
+
+async def test_an_owned_pod_stranded_past_the_deadline_is_evicted_for_its_owner(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    await _fill_a100(bus, apiserver)
+    uid = _pending_pod(apiserver, "web-1")
+    await _start(bus, start_scheduler, kube)
+    await until(lambda: (NS, "web-1") not in apiserver.pods)
+    evictions = [r for r in apiserver.requests if r.resource == "pods/eviction"]
+    assert len(evictions) == 1
+    assert evictions[0].body["deleteOptions"]["preconditions"] == {"uid": uid}
+    (event,) = apiserver.events.values()
+    assert event["reason"] == replanning.EVENT_REASON and event["type"] == "Warning"
+    assert "huawei/Ascend910B2 has room" in event["message"]
+    assert "ReplicaSet/web" in event["message"]
+
+
+async def test_a_bare_stranded_pod_gets_an_event_and_a_condition_and_stays(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    await _fill_a100(bus, apiserver)
+    _pending_pod(apiserver, "lonely", owned=False)
+    await _start(bus, start_scheduler, kube)
+
+    def stranded() -> list[dict[str, Any]]:
+        conditions = apiserver.pods[(NS, "lonely")]["status"].get("conditions") or []
+        return [c for c in conditions if c["type"] == replanning.CONDITION]
+
+    await until(lambda: stranded() and apiserver.events)
+    assert stranded()[0]["status"] == "True" and "Ascend910B2" in stranded()[0]["message"]
+    assert not [r for r in apiserver.requests if r.resource == "pods/eviction"]
+    condition_patches = [r for r in apiserver.requests if r.resource == "pods/status"]
+    assert len(condition_patches) == 1  # told once, not at every scan
+
+
+async def test_a_pod_whose_class_has_room_is_left_to_kube_scheduler(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    _pending_pod(apiserver, "fine")
+    sched = await _start(bus, start_scheduler, kube)
+    await until(lambda: _wake(apiserver, "fine") is not None)
+    strands = [t for t in sched.tasks if t.get_name() == "stranding"]
+    assert strands and not strands[0].done()
+    scans = len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
+    await until(
+        lambda: (
+            len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
+            > scans + 10
+        )
+    )  # well past the 0.3 s deadline
+    assert (NS, "fine") in apiserver.pods
+    assert not apiserver.events
