@@ -286,31 +286,36 @@ class Pledger:
         made: the pod is re-planned here, in its planned class, against the
         quota with every pledge counted (a fresh pledge, spent at once)."""
         ns = ref.namespace
+        if not pledge_id and quota is None:  # nothing promised, nothing to hold to
+            return "", ""
         async with self.lock(ns):
             for _attempt in range(MAX_ATTEMPTS):
                 held = await self.read(ns)
                 verdict = pledges.spend_verdict(held.doc, pledge_id, ref=ref)
                 if verdict.outcome == "again":
                     return "", pledge_id
+                used = pledge_id
                 if verdict.outcome == "spend" and held.doc is not None:
                     doc = pledges.spent(held.doc, pledge_id, ref=ref, now=self.clock())
                 else:
                     why = _why(verdict, pledge_id)
+                    if pledge_id:
+                        _log.warning("pledge_replanned", pod=f"{ns}/{ref.name}", why=why)
+                    if quota is None:  # no quota to hold it to: capacity is bind's CAS
+                        return "", ""
                     refusal = self._over_quota(ns, sizing=sizing, quota=quota)
                     if refusal:
                         PLEDGES.add(1, {"outcome": "bind_refused"})
                         return f"hcs: {ns}/{ref.name}: {why}; re-planned: {refusal}", ""
-                    if verdict.outcome != "missing" or pledge_id:
-                        _log.warning("pledge_replanned", pod=f"{ns}/{ref.name}", why=why)
                     fresh = self._fresh(ref, sizing)
                     doc = pledges.with_pledge(held.doc, fresh, namespace=ns)
-                    pledge_id = fresh.id
+                    used = fresh.id
                 try:
                     await self.write(ns, doc, revision=held.revision)
                 except CasConflict:
                     continue
                 PLEDGES.add(1, {"outcome": "spent"})
-                return "", pledge_id
+                return "", used
         raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
 
     def _over_quota(

@@ -80,6 +80,13 @@ async def test_twenty_plans_at_once_on_two_replicas_pledge_exactly_the_quota(
             *(ask_plan(bus, _request(i), timeout_s=5.0) for i in range(20))
         )
         dry = await ask_plan(bus, _request(99, dry_run=True), timeout_s=5.0)
+
+        def known(r: object) -> int:
+            held = r.planner.pledger.docs.get("ml")  # type: ignore[attr-defined]
+            return len(held.doc.pledges) if held is not None and held.doc is not None else 0
+
+        # each replica's view follows the other's pledges (KV watch)
+        await until(lambda: all(known(r) == 2 for r in replicas))
     finally:
         for r in replicas:
             await r.stop()
