@@ -77,11 +77,19 @@ async def fill(bus: Bus, *, nodes: int, seconds: int) -> int:
         (subjects.fp(f"node-{n}"), fingerprint(n), f"fp:{n}") for n in range(nodes)
     )
     await bus.publish_window(
-        (subjects.health(f"node-{n}"), health(n, s), f"h:{n}:{s}")
+        (_health_subject(event), event, f"h:{n}:{s}")
         for s in range(seconds)
         for n in range(nodes)
+        for event in (health(n, s),)
     )
     return nodes + nodes * seconds
+
+
+def _health_subject(event: HealthEvent) -> str:
+    """Verdicts go where the healer publishes them (elsewhere they are dead letters)."""
+    if event.source == "healer":
+        return subjects.healer_health(event.node)
+    return subjects.health(event.node)
 
 
 def peak_rss_mb() -> float:
