@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from hcs_bus import bus as hcs_bus_bus
-from hcs_bus import checkpoint, messages, settings, streams, subjects, tasks
+from hcs_bus import checkpoint, messages, permissions, settings, subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.messages import CheckpointRequest
 from hcs_bus.telemetry import configure, logger
@@ -159,10 +159,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    config = settings.load(path=args.config)
+    config = own_inbox(settings.load(path=args.config), namespace=args.namespace)
     configure(config.telemetry, service="hcs-ckpt-sidecar")
+    # the namespace's sidecar user may touch only its own keys: no streams.init
     bus = await hcs_bus_bus.connect(config.bus, name=f"hcs-sidecar-{args.namespace}-{args.job}")
-    await streams.init(bus, config.bus)
     sidecar = Sidecar(
         bus,
         root=args.dir,
@@ -176,6 +176,15 @@ async def _main(args: argparse.Namespace) -> None:
         await tasks.run_until_stopped(sidecar.run(), name="sidecar")
     finally:
         await bus.drain()
+
+
+def own_inbox(config: settings.Settings, *, namespace: str) -> settings.Settings:
+    """The settings with the inbox prefix of user ``sidecar:<namespace>``
+    (the only inboxes it may subscribe to) unless one is configured."""
+    if config.bus.inbox_prefix:
+        return config
+    prefix = permissions.inbox_prefix(permissions.sidecar_user(namespace))
+    return settings.replace(config, bus={"inbox_prefix": prefix})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -69,3 +69,12 @@ def test_fingerprints_go_forward_by_seq_and_by_new_boots_never_back() -> None:
     assert not order.admit(fp("n", seq=99, boot="a", time_s=9e10))  # the replaced boot
     assert order.admit(fp("m", seq=1, boot="a"))  # per node
     assert order.ignored == 3
+
+
+def test_a_sidecar_uses_its_namespaces_inbox_unless_one_is_configured() -> None:
+    from hcs_bus.settings import Settings, replace
+    from healer.sidecar import own_inbox
+
+    assert own_inbox(Settings(), namespace="ml").bus.inbox_prefix == "_INBOX_SIDECAR_ML"
+    chosen = replace(Settings(), bus={"inbox_prefix": "_INBOX_X"})
+    assert own_inbox(chosen, namespace="ml").bus.inbox_prefix == "_INBOX_X"
