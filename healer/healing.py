@@ -33,7 +33,7 @@ from typing import Any
 
 from nats.js.api import DeliverPolicy
 
-from hcs_bus import subjects, tasks
+from hcs_bus import subjects, tasks, vocabulary
 from hcs_bus.bus import Bus, Consumer, Delivery
 from hcs_bus.errors import HcsError, KubeNotFound, TemporaryError
 from hcs_bus.kube import Kube
@@ -64,7 +64,7 @@ REACTION_SECONDS = _meter.create_histogram(
     explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 
-NODE = -1  # history index for events about the whole node (no device index)
+NODE = decisions.NODE  # history index for node-wide events (no device index, node-wide kind)
 ADOPTED = -2  # history index for a taint found on the Node, applied by a previous leader
 _READ_CONCURRENCY = 16  # Node reads in flight while adopting
 _EMPTY = Telemetry()
@@ -91,6 +91,7 @@ class Healer:
         self.rules = rule_set or rules.load(
             degraded_window_s=settings.degraded_window_s,
             recovery_window_s=settings.recovery_window_s,
+            taint_failed_share=settings.taint_failed_share,
         )
         self.actor = actor or Actor(bus=bus, kube=kube, dry_run=settings.dry_run)
         self.leader = Leader(kube, identity=identity, settings=settings, on_change=self._leadership)
@@ -236,7 +237,8 @@ class Healer:
                 event = item.value
                 if event.source == "healer":
                     continue
-                history = self._history(event.node, NODE if event.device is None else event.device)
+                index = decisions.history_index(device=event.device, kind=event.kind)
+                history = self._history(event.node, index)
                 judgement = rules.judge(history, event, now=now, rules=self.rules)
                 if judgement.unknown:
                     self._count_unknown(event)
@@ -304,10 +306,11 @@ class Healer:
             if index not in seen and index >= 0 and not history.lost:
                 sample = FingerprintSample(fp.node, index, history.model, _EMPTY, present=False)
                 out.append((history, rules.judge(history, sample, now=now, rules=self.rules)))
-        adopted = known.get(ADOPTED)
-        if full and adopted is not None:  # a fingerprint came: count towards its recovery
-            sample = FingerprintSample(fp.node, ADOPTED, "", _EMPTY)
-            out.append((adopted, rules.judge(adopted, sample, now=now, rules=self.rules)))
+        for index in (ADOPTED, NODE):  # the node's own: a fingerprint counts towards recovery
+            held = known.get(index)
+            if full and held is not None:
+                sample = FingerprintSample(fp.node, index, "", _EMPTY)
+                out.append((held, rules.judge(held, sample, now=now, rules=self.rules)))
         return out
 
     async def _sweep(self) -> None:
@@ -406,9 +409,11 @@ class Healer:
             stale = seen is not None and now - seen >= self.rules.node_stale_s
             judged = rules.judge_node(self.histories.get(node, {}).values(), stale=stale)
             previous = self.nodes.get(node, decisions.NodeState())
-            node_plan = decisions.plan(previous, judged, rules=self.rules)
-            if judged.verdict != previous.verdict:
-                await self._publish_node_verdict(node, judged.verdict, node_plan.reason)
+            devices = sum(1 for i in self.histories.get(node, {}) if i >= 0)
+            node_plan = decisions.plan(previous, judged, rules=self.rules, devices=devices)
+            verdict = node_plan.state.verdict  # the node as a whole: one failed device of 8 is not
+            if verdict != previous.verdict:
+                await self._publish_node_verdict(node, verdict, node_plan.reason)
             self.nodes[node] = await self._apply(node, node_plan, previous=previous, now=now)
 
     async def _apply(
@@ -504,7 +509,7 @@ class Healer:
             device=None if history.device == NODE else history.device,
             verdict=judgement.verdict,
             health_score=judgement.health_score,
-            evidence=judgement.evidence,
+            evidence={**judgement.evidence, vocabulary.DEVICES_OUT: self._out(history.node)},
             message=history.reason,
         )
         await self._publish(history.node, event, tag=f"v{history.device}")
@@ -519,7 +524,11 @@ class Healer:
             time_s=_wall(),
             verdict=_device_verdict(verdict),
             health_score=min(scores, default=100) if verdict != "lost" else 0,
-            evidence={"node_verdict": verdict, "reason": reason[:500]},
+            evidence={
+                "node_verdict": verdict,
+                "reason": reason[:500],
+                vocabulary.DEVICES_OUT: self._out(node),
+            },
             message=reason[:500],
         )
         await self._publish(node, event, tag="node")
@@ -531,6 +540,11 @@ class Healer:
             await self.bus.publish(subjects.healer_health(node), event, msg_id=msg_id)
         except HcsError as exc:
             _log.warning("verdict_publish_failed", node=node, error=str(exc))
+
+    def _out(self, node: str) -> str:
+        """The devices of ``node`` held failed now (``vocabulary.DEVICES_OUT``)."""
+        held = self.histories.get(node, {})
+        return ",".join(str(i) for i in sorted(held) if i >= 0 and held[i].verdict == "failed")
 
     def _history(self, node: str, device: int) -> DeviceHistory:
         devices = self.histories.setdefault(node, {})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from hcs_bus.messages import HealthEvent, NodeFingerprint
 from hcs_bus.ordering import FingerprintOrder
 from hcs_bus.telemetry import logger
 from hcs_bus.units import format_mib
+from scheduler import outages
 
 _log = logger("hcs.mirror")
 HEALTH_RANK = {"healthy": 0, "degraded": 1, "failed": 2}
@@ -58,17 +60,26 @@ def _verdict_status(verdict: HealthEvent) -> dict[str, Any]:
     return out
 
 
-def node_status(fp: NodeFingerprint, *, verdict: HealthEvent | None = None) -> dict[str, Any]:
-    """The ComputeNode status for a node's fingerprint and its latest verdict.
+def node_status(
+    fp: NodeFingerprint,
+    *,
+    verdict: HealthEvent | None = None,
+    out: Mapping[int, outages.Outage] | None = None,
+) -> dict[str, Any]:
+    """The ComputeNode status for a node's fingerprint, its latest verdict and
+    the devices the healer holds out (``scheduler.outages``).
 
     Health is the node verdict when the healer judged the whole node, else the
     worst of the devices' (a device verdict lowers its device's health).
     """
+    out = out or {}
     devices = []
     for d in fp.devices:
         health = _device_health(d.health_score, d.error)
         if verdict and verdict.verdict and verdict.device == d.index:
             health = verdict.verdict
+        if d.index in out:
+            health = "failed"
         entry: dict[str, Any] = {
             "index": d.index,
             "uuid": d.uuid,
@@ -101,6 +112,7 @@ def node_status(fp: NodeFingerprint, *, verdict: HealthEvent | None = None) -> d
         "observedSeq": fp.seq,
         "lastReport": _iso(fp.time_s),
         "deviceList": devices,
+        "devicesOut": outages.entries(out, fp.devices),  # [] clears it (merge patch)
     }
     if verdict is not None:
         status["lastVerdict"] = _verdict_status(verdict)
@@ -116,6 +128,7 @@ class Mirror:
     min_interval_s: float = 10.0
     fingerprints: dict[str, NodeFingerprint] = field(default_factory=dict)
     verdicts: dict[str, HealthEvent] = field(default_factory=dict)
+    outs: dict[str, dict[int, outages.Outage]] = field(default_factory=dict)
     written: dict[str, float] = field(default_factory=dict)
     writes: int = 0
     order: FingerprintOrder = field(default_factory=FingerprintOrder)
@@ -163,6 +176,7 @@ class Mirror:
             # a healer event reaches here only from the healer's subject (hcs_bus.identity)
             if event.source == "healer" and event.verdict is not None:
                 self.verdicts[event.node] = event
+                self.outs[event.node] = outages.track(self.outs.get(event.node, {}), event)
                 self._mark(event.node)
 
     def _mark(self, node: str) -> None:
@@ -194,7 +208,7 @@ class Mirror:
         self.written[node] = now
         try:
             await self.kube.patch_compute_node_status(
-                node, node_status(fp, verdict=self.verdicts.get(node))
+                node, node_status(fp, verdict=self.verdicts.get(node), out=self.outs.get(node))
             )
             self.writes += 1
         except KubeError as exc:

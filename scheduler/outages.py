@@ -5,7 +5,8 @@ the healer's latest verdict about it is ``failed``. ``track`` folds one healer
 event into the devices held out:
 
 * a device verdict ``failed`` puts the device out (reason: the verdict's
-  message, since: its time; a repeated verdict keeps the first time);
+  message, since: its time; a repeated verdict keeps the first reason and
+  time);
   ``healthy`` or ``degraded`` brings it back;
 * every healer verdict also carries ``evidence.devices_out`` (the indices the
   healer holds failed when it published, comma-separated; "" for none).
@@ -33,6 +34,7 @@ class Outage:
     index: int
     reason: str
     since_s: float
+    said: bool = True  # False: known only from a list, its device verdict not seen yet
 
 
 def listed(value: object) -> frozenset[int] | None:
@@ -53,13 +55,15 @@ def track(held: Mapping[int, Outage], event: HealthEvent) -> dict[int, Outage]:
         return out
     if event.device is not None:
         if event.verdict == "failed":
-            reason = event.message or "failed"
-            out.setdefault(event.device, Outage(event.device, reason, event.time_s))
+            held_one = out.get(event.device)
+            if held_one is None or not held_one.said:  # a list may come before the verdict
+                since = min(event.time_s, held_one.since_s if held_one else event.time_s)
+                out[event.device] = Outage(event.device, event.message or "failed", since)
         else:
             out.pop(event.device, None)
     said = listed(event.evidence.get(DEVICES_OUT))
     if said is not None:
-        out = {i: out.get(i) or Outage(i, "failed", event.time_s) for i in sorted(said)}
+        out = {i: out.get(i) or Outage(i, "failed", event.time_s, said=False) for i in sorted(said)}
     return out
 
 

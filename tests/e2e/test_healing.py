@@ -1,7 +1,9 @@
-"""The healer on a real cluster: a fatal device event taints the real Node,
-the pod on that device is evicted through the Eviction API under a real
-PodDisruptionBudget, its Deployment re-creates it, and the new pod is
-admitted, placed elsewhere and resumes from the job's last checkpoint."""
+"""The healer on a real cluster: a fatal device event isolates that device
+alone — the pod on it is evicted through the Eviction API under a real
+PodDisruptionBudget, the Node is not tainted and keeps taking pods on its
+healthy devices, the ComputeNode lists the device out — and the Deployment's
+new pod resumes from the job's last checkpoint. A node-wide fault taints
+the Node, and the taint goes once the node reported healthy for the window."""
 
 from __future__ import annotations
 
@@ -59,17 +61,24 @@ def _xid_79(stack: Stack, node: str, *, device: int) -> None:
     stack.publish(subjects.health(node), event, msg_id=f"e2e-fault:{uuid.uuid4()}")
 
 
+def _node_wide(stack: Stack, node: str) -> None:
+    """A fault of the whole node (no device index): the node is isolated."""
+    event = HealthEvent(
+        node=node, kind="driver_failure", severity="fatal", source="agent", time_s=time.time()
+    )
+    stack.publish(subjects.health(node), event, msg_id=f"e2e-fault:{uuid.uuid4()}")
+
+
 def _tainted(work: Workloads, name: str) -> dict[str, Any] | None:
     taints = work.node(name).get("spec", {}).get("taints") or []
     return next((t for t in taints if t["key"] == TAINT), None)
 
 
-def test_a_fatal_device_event_taints_the_node_evicts_only_its_pods_and_the_job_resumes_elsewhere(
+def test_a_failed_device_is_isolated_alone_its_pod_evicted_and_the_node_keeps_serving(
     stack: Stack, work: Workloads
 ) -> None:
     fleet_labelled(work, FLEET)
     api, ns = work.api, work.namespace
-    # Ascend: device indices in hcs.io/devices, one class node in the fleet.
     requests = {"ai.compute/devices": "1"}  # whole devices: the bystander gets another one
     api.create(_pdb("trainer"), namespace=ns)
     api.create(_deployment("trainer", requests=requests), namespace=ns)
@@ -82,8 +91,9 @@ def test_a_fatal_device_event_taints_the_node_evicts_only_its_pods_and_the_job_r
         ),
     )[0]
     node_name = trainer["spec"]["nodeName"]
+    on_node = {"kubernetes.io/hostname": node_name}
     # a bystander on the same node, on another device
-    work.pod("bystander", requests, nodeSelector={"kubernetes.io/hostname": node_name})
+    work.pod("bystander", requests, nodeSelector=on_node)
     bystander = work.running("bystander")
     assert bystander["spec"]["nodeName"] == node_name
     wait_for(
@@ -104,14 +114,19 @@ def test_a_fatal_device_event_taints_the_node_evicts_only_its_pods_and_the_job_r
     assert len(device_ids) == 1
     fp_device = _fingerprint_index(stack, node_name, device_ids[0])
     assert device_ids != bystander["metadata"]["annotations"]["hcs.io/devices"].split(",")
+    old_uid = trainer["metadata"]["uid"]
+
+    def evicted() -> bool:
+        found = [p for p in work.pods("app=trainer") if p["metadata"]["uid"] == old_uid]
+        return not found or bool(found[0]["metadata"].get("deletionTimestamp"))
 
     sent = time.monotonic()
     _xid_79(stack, node_name, device=fp_device)
-    wait_for(lambda: _tainted(work, node_name), what=f"taint {TAINT} on {node_name}", timeout_s=5)
-    taint_s = time.monotonic() - sent
-    assert taint_s <= 1.0, f"taint took {taint_s:.2f} s (≤ 1 s wanted)"
-
-    old_uid = trainer["metadata"]["uid"]
+    wait_for(evicted, what="the trainer on the failed device evicted", timeout_s=10)
+    evict_s = time.monotonic() - sent
+    assert evict_s <= 2.0, f"eviction took {evict_s:.2f} s (≤ 2 s wanted)"
+    # the taint would have come before the eviction (healer.healing._apply): none came
+    assert _tainted(work, node_name) is None, "one failed device of many tainted its node"
 
     def replaced() -> dict[str, Any] | None:
         pods = [p for p in work.pods("app=trainer") if p["metadata"]["uid"] != old_uid]
@@ -126,12 +141,29 @@ def test_a_fatal_device_event_taints_the_node_evicts_only_its_pods_and_the_job_r
             [work.explain(p["metadata"]["name"]) for p in work.pods("app=trainer")]
         ),
     )
-    assert new["spec"]["nodeName"] != node_name
     assert new["metadata"]["annotations"].get("hcs.io/resume-from") == uri
+    if new["spec"]["nodeName"] == node_name:  # back on the node: never on the failed device
+        assert device_ids[0] not in new["metadata"]["annotations"]["hcs.io/devices"].split(",")
     assert not [p for p in work.pods("app=trainer") if p["metadata"]["uid"] == old_uid]
     still = work.get("bystander")
     assert still["metadata"]["uid"] == bystander["metadata"]["uid"]
     assert still["status"]["phase"] == "Running" and not still["metadata"].get("deletionTimestamp")
+
+    # the node's healthy devices still take new pods, never the failed one
+    work.pod("newcomer", requests, nodeSelector=on_node)
+    newcomer = work.running("newcomer")
+    assert newcomer["spec"]["nodeName"] == node_name
+    assert device_ids[0] not in newcomer["metadata"]["annotations"]["hcs.io/devices"].split(",")
+    assert _tainted(work, node_name) is None
+
+    # kubectl get computenode shows which device is out
+    def out() -> list[dict[str, Any]] | None:
+        obj = api.get(f"/apis/hcs.io/v1alpha1/computenodes/{node_name}")
+        found = obj.get("status", {}).get("devicesOut")
+        return found if found and [e["index"] for e in found] == [fp_device] else None
+
+    entry = wait_for(out, what=f"{node_name} devicesOut [{fp_device}]", timeout_s=30)[0]
+    assert "79" in entry["reason"] and entry["since"]
 
 
 def _fingerprint_index(stack: Stack, node: str, device_id: str) -> int:
@@ -173,14 +205,14 @@ def test_two_healers_share_one_real_lease_and_the_survivor_acts_after_the_leader
             timeout_s=40,
         )
         node = "gpu-a100-2"
-        _xid_79(stack, node, device=7)
+        _node_wide(stack, node)  # one failed device of eight would not taint the node
         wait_for(
             lambda: _tainted(work, node),
             what=f"the new leader tainting {node}",
             timeout_s=10,
             explain=stack.why,
         )
-        # the device reports healthy all along: after the recovery window (30 s here)
+        # the node reports healthy all along: after the recovery window (30 s here)
         # the leader that tainted the node takes the taint away again
         wait_for(
             lambda: not _tainted(work, node),

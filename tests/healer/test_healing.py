@@ -48,6 +48,7 @@ async def make(bus: Bus) -> AsyncIterator[Make]:
         durable: str | None = None,
         fraction: float = 0.5,
         stale_s: float = 60.0,
+        failed_share: float = 0.5,
     ) -> Healer:
         settings = HealerSettings(
             dry_run=dry_run,
@@ -63,6 +64,7 @@ async def make(bus: Bus) -> AsyncIterator[Make]:
             rules.load(degraded_window_s=0.3, recovery_window_s=0.6),
             min_change_interval_s=0.05,
             node_stale_s=stale_s,
+            taint_failed_share=failed_share,
         )
         actor = Actor(bus=bus, kube=kube, dry_run=dry_run, retry_initial_s=0.05, retry_max_s=0.2)
         healer = Healer(
@@ -121,7 +123,7 @@ async def test_a_fatal_xid_taints_without_clobbering_and_recovery_untaints(
 ) -> None:
     apiserver.add_node("n1", taints=[OTHER])
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
-    healer = await make(kube)
+    healer = await make(kube, failed_share=0.25)  # one device of four taints
     await ready(healer)
     verdicts, sub = await collect(bus, subjects.healer_health("n1"))
     await publish(bus, health("n1", code=79, device=1), subjects.health("n1"))
@@ -201,7 +203,7 @@ async def test_dry_run_publishes_the_actions_and_calls_no_api(
     apiserver.add_pod("ml", "p", node="n1", uid="uid-p")
     await publish(bus, bound("n1", "p", (0,)), subjects.alloc("n1"))
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
-    healer = await make(kube, dry_run=True)
+    healer = await make(kube, dry_run=True, failed_share=0.25)
     await ready(healer)
     events, sub = await collect(bus, subjects.healer_health("n1"))
     await publish(
@@ -248,8 +250,8 @@ async def test_two_healers_with_one_lease_only_one_acts(
     apiserver.add_node("n1")
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
     durable = f"t-{uuid.uuid4().hex[:8]}"
-    a = await make(kube, identity="a", durable=durable)
-    b = await make(kube, identity="b", durable=durable)
+    a = await make(kube, identity="a", durable=durable, failed_share=0.25)
+    b = await make(kube, identity="b", durable=durable, failed_share=0.25)
     await wait_until(lambda: a.leader.is_leader or b.leader.is_leader)
     await asyncio.sleep(0.3)  # several retry periods: the other never wins
     assert [a.leader.is_leader, b.leader.is_leader].count(True) == 1
@@ -314,7 +316,7 @@ async def test_the_breaker_alerts_instead_of_isolating_too_many_nodes(
     for node in nodes:
         apiserver.add_node(node)
         await publish(bus, fingerprint(node), subjects.fp(node))
-    healer = await make(kube, fraction=0.2)  # 2 of 10
+    healer = await make(kube, fraction=0.2, failed_share=0.25)  # 2 of 10
     await ready(healer)
     await wait_until(lambda: len(healer.fleet.nodes) == 10)
     alerts, sub = await collect(bus, "hcs.health.*")
@@ -408,7 +410,7 @@ async def test_a_taint_the_api_refused_until_the_actor_gave_up_is_applied_later(
 ) -> None:
     apiserver.add_node("n1")
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
-    healer = await make(kube)
+    healer = await make(kube, failed_share=0.25)
     await ready(healer)
     healer.actor.attempts = 2
     tried: list[bool | None] = []
@@ -500,7 +502,7 @@ async def test_a_new_leader_keeps_the_condition_transition_time_while_status_sta
     taint, cond = tainted_before("PreferNoSchedule")
     apiserver.add_node("n1", taints=[taint], conditions=[cond])
     await publish(bus, fingerprint("n1"), subjects.fp("n1"))
-    healer = await make(kube)
+    healer = await make(kube, failed_share=0.25)
     await ready(healer)
     await wait_until(lambda: "n1" in healer.read_nodes)
     await publish(bus, health("n1", code=79, device=1), subjects.health("n1"))
