@@ -106,9 +106,9 @@ class Console:
             opt_start_time=since,
         )
         await self._health.start()
-        self._tasks = [
-            tasks.start(self._sampling(), name="console:history"),
-            tasks.start(self._refreshing(), name="console:refresh"),
+        self._tasks = [  # a loop that crashes (a bus error) is started again
+            tasks.supervise(self._sampling, name="console:history"),
+            tasks.supervise(self._refreshing, name="console:refresh"),
         ]
 
     def close(self) -> None:

@@ -215,3 +215,19 @@ async def test_a_large_fleet_slows_the_pushes_so_the_extender_keeps_its_loop(bus
     assert console.overview_bytes() is body  # unchanged view: built once
     console.changed("n0001")
     assert console.overview_bytes() is not body
+
+
+async def test_a_connected_live_feed_does_not_hold_up_the_replicas_stop(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await start_scheduler(bus)
+    assert sched.port is not None
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{sched.port}/api/events") as resp:
+            await asyncio.wait_for(_next_overview(resp.content), 5)
+            began = loop.time()
+            await asyncio.wait_for(sched.stop(), 10)
+            assert loop.time() - began < 3.0
+            rest = await resp.content.read()  # the feed ended after a whole event
+            assert rest.strip() == b"", rest
