@@ -83,7 +83,9 @@ async def _healer(args: argparse.Namespace) -> None:
     configure(TelemetrySettings(log_level="error"), service="bench-healer")
     bus = await connect(BusSettings(url=args.nats, name="bench-healer"))
     kube = await connect_url(args.api)
-    healer = Healer(bus, kube, HealerSettings(), durable=args.durable)
+    # one failed device of four taints its node: the bench times fatal → taint
+    settings = HealerSettings(taint_failed_share=1 / DEVICES)
+    healer = Healer(bus, kube, settings, durable=args.durable)
     await healer.start()
     await healer.ready.wait()
     print("READY", flush=True)
