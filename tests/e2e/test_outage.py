@@ -8,8 +8,9 @@
   it is placed: the scheduler re-plans it (evicts it, its ReplicaSet makes a
   new one, admitted afresh) and it ends Running on another class.
 
-kube-scheduler is held while the pods are admitted, so the order in which it
-meets them is the test's, not chance's."""
+kube-scheduler is held while the pods are admitted, and the L40S node is
+tainted for all but the fillers until they run, so the order in which the
+pods are placed is the test's, not chance's."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ BOUND_WITHIN_S = 30.0
 SLICE = {"ai.compute/vram": "16Gi"}
 WHOLE = {"ai.compute/devices": "1"}
 L40S = "L40S"
-L40S_DEVICES = 4  # tests/e2e/fleet.yaml: gpu-l40s-0
+L40S_NODE, L40S_DEVICES = "gpu-l40s-0", 4  # tests/e2e/fleet.yaml
+HOLD = {"key": "hcs-e2e/hold", "value": "fillers-first", "effect": "NoSchedule"}
 
 
 def _scheduled_false(pod: dict[str, Any]) -> bool:
@@ -100,6 +102,18 @@ def _replica_set(name: str, *, annotations: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _hold(work: Workloads, node: str, *, held: bool) -> None:
+    """Add or remove the HOLD taint, keeping every other taint (read, modify,
+    write guarded by the resourceVersion)."""
+    current = work.node(node)
+    taints = [t for t in current["spec"].get("taints") or [] if t["key"] != HOLD["key"]]
+    body = {
+        "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+        "spec": {"taints": [*taints, HOLD] if held else taints},
+    }
+    work.api.patch(f"/api/v1/nodes/{node}", body)
+
+
 def _plan_model(pod: dict[str, Any]) -> str | None:
     import json
 
@@ -113,14 +127,6 @@ def test_a_replica_set_pod_stranded_on_a_full_class_is_replanned_and_runs_on_ano
     fleet_labelled(work, FLEET)
     cluster = stack.cluster
     assert cluster.scheduler is not None
-    work.api.apply(
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": "hcs-e2e-first"},
-            "value": 1000,
-        }
-    )
     cluster.scheduler.stop()  # the pod is admitted (and pledged) while L40S has room
     work.api.create(
         _replica_set("web", annotations={"hcs.io/models": L40S, "hcs.io/substitution": "allow"}),
@@ -132,16 +138,20 @@ def test_a_replica_set_pod_stranded_on_a_full_class_is_replanned_and_runs_on_ano
         timeout_s=30,
     )
     assert _plan_model(first) == L40S
-    for i in range(L40S_DEVICES):  # these take every L40S device before it is placed
-        work.pod(
-            f"filler-{i}",
-            WHOLE,
-            annotations={"hcs.io/models": L40S, "hcs.io/substitution": "deny"},
-            priorityClassName="hcs-e2e-first",
-        )
-    cluster.restart_scheduler()
-    for i in range(L40S_DEVICES):
-        work.running(f"filler-{i}", timeout_s=60)
+    _hold(work, L40S_NODE, held=True)  # only pods that tolerate the hold go there now
+    try:
+        for i in range(L40S_DEVICES):  # these take every L40S device before it is placed
+            work.pod(
+                f"filler-{i}",
+                WHOLE,
+                annotations={"hcs.io/models": L40S, "hcs.io/substitution": "deny"},
+                tolerations=[{"key": HOLD["key"], "operator": "Exists", "effect": "NoSchedule"}],
+            )
+        cluster.restart_scheduler()
+        for i in range(L40S_DEVICES):
+            work.running(f"filler-{i}", timeout_s=60)
+    finally:
+        _hold(work, L40S_NODE, held=False)
     stranded_at = time.monotonic()
 
     def replacement() -> dict[str, Any] | None:
