@@ -327,6 +327,10 @@ class Follower(Generic[T]):
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
         )
+        # nats-py re-creates a lost ordered consumer (a server restarted: no
+        # heartbeats) on this same config, switched to a start sequence; a
+        # start time left in it makes the server refuse every re-creation.
+        config.opt_start_time = None
         info = await self._sub.consumer_info()
         delivered = info.delivered.consumer_seq if info.delivered else 0
         if info.num_pending == 0 and self.delivered >= (delivered or 0):
