@@ -76,6 +76,7 @@ class Pledger:
         self._tallies: dict[str, _Tally] = {}
         self._waiting: dict[str, list[_Waiting]] = {}
         self._flushing: set[str] = set()
+        self._ids: frozenset[str] = frozenset()  # pledges the last summary saw reserved
 
     # -- documents --------------------------------------------------------
     def apply(self, key: str, value: bytes | None, revision: int) -> None:
@@ -169,6 +170,7 @@ class Pledger:
 
     def charged(self, summary: planning.Summary) -> planning.Summary:
         """The view's summary with every known outstanding pledge counted."""
+        self._ids = summary.pledge_ids
         by_class: dict[str, pledges.Held] = {}
         by_ns: dict[str, pledges.Held] = {}
         for ns, held in self.docs.items():
@@ -182,9 +184,11 @@ class Pledger:
             return summary
         return planning.charged(summary, by_class=by_class, by_namespace=by_ns)
 
-    def by_namespace(self) -> dict[str, tuple[pledges.Held, int]]:
-        """Per namespace: what its outstanding pledges hold, and how many."""
-        ids = self.summary().pledge_ids
+    def by_namespace(self, *, fresh: bool = False) -> dict[str, tuple[pledges.Held, int]]:
+        """Per namespace: what its outstanding pledges hold, and how many,
+        against the reservations of the view's summary (``fresh``, in the
+        event loop) or of the last one seen (from a metrics callback)."""
+        ids = self._ids = self.summary().pledge_ids if fresh else self._ids
         out: dict[str, tuple[pledges.Held, int]] = {}
         for ns, held in self.docs.items():
             tally = self._tally(ns, held, ids)
@@ -363,7 +367,7 @@ class Pledger:
 
     async def sweep(self) -> int:
         """Drop expired pledges and spent ones whose reservation is in the view."""
-        ids = self.summary().pledge_ids
+        ids = self._ids = self.summary().pledge_ids
         now, count = self.clock(), 0
 
         def pick(doc: NamespacePledges) -> list[Pledge]:

@@ -209,7 +209,7 @@ async def test_compute_quota_status_used_counts_reservations_and_pledges(
 
     def used() -> dict:
         reservations = (r for n in sched.view.state.nodes.values() for r in n.reservations.values())
-        return used_by_namespace(reservations, pledger.by_namespace())
+        return used_by_namespace(reservations, pledger.by_namespace(fresh=True))
 
     # p1 bound (its pledge spent, its reservation in the view), p2 pledged only
     await until(lambda: used().get("ml") is not None and used()["ml"].pledges == 1)
