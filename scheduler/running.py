@@ -137,7 +137,7 @@ async def run(
             quotas=quotas,
             used=lambda: used_by_namespace(
                 (r for n in view.state.nodes.values() for r in n.reservations.values()),
-                pledger.by_namespace(),
+                pledger.by_namespace(fresh=True),
             ),
         )
         running.append(tasks.start(used.run(), name="quota-used"))
