@@ -129,6 +129,7 @@ async def test_kill_9_of_nats_under_traffic_loses_no_health_event_and_every_part
         await until(lambda: healer_seen.ids >= set(queued), timeout_s=60, what="healer saw all")
 
         # still consuming, nothing restarted: a new fingerprint, event and reservation arrive
+        healer_fp_at = healer.last_seen[NODES[1]]
         late = reporters[0].health(_event(NODES[0]))
         reporters[1].offer([device(0), device(1)], now=2.0, loop_s=2.0, force=True)
         await _reserve(agent_bus, NODES[2])
@@ -138,6 +139,11 @@ async def test_kill_9_of_nats_under_traffic_loses_no_health_event_and_every_part
             lambda: len(view.state.nodes[NODES[1]].devices) == 2,
             timeout_s=30,
             what="view: new fingerprint",
+        )
+        await until(
+            lambda: healer.last_seen[NODES[1]] > healer_fp_at,
+            timeout_s=30,
+            what="healer: new fingerprint",
         )
         await until(
             lambda: _reserved(view, NODES[2]), timeout_s=30, what="view: new reservation (KV)"
