@@ -42,7 +42,7 @@ TAGGED = [k for k in STRUCTS if k.__struct_config__.tag is not None]
 DECODED: list[Any] = [*STRUCTS, messages.Message]  # everything a consumer may decode
 
 FUZZ = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
 )
 
 scalars = (
@@ -204,7 +204,7 @@ def test_broken_messages_decode_to_a_value_or_a_decode_error(
 
 
 @pytest.mark.parametrize("kind", TAGGED, ids=lambda k: k.__name__)
-@settings(FUZZ, max_examples=30)
+@settings(FUZZ, max_examples=25)
 @given(data=st.data())
 def test_every_valid_message_round_trips(kind: type[msgspec.Struct], data: st.DataObject) -> None:
     """Nested structs are drawn inside the tagged messages that carry them."""
