@@ -254,3 +254,18 @@ def usage_by_namespace(
 ) -> dict[str, Held]:
     seen = set(reserved)
     return {ns: held(outstanding(doc, reserved=seen)) for ns, doc in docs.items()}
+
+
+def orphans(
+    doc: NamespacePledges, *, referenced: Iterable[str], now: float, after_s: float
+) -> list[Pledge]:
+    """Unspent pledges older than ``after_s`` that no pod of the namespace
+    carries (``referenced``: the ``hcs.io/pledge`` values of its pods): the
+    admission was answered but the pod never came to be (another webhook
+    refused it, the client gave up), so nothing will ever spend them."""
+    seen = set(referenced)
+    return [
+        p
+        for p in doc.pledges
+        if p.spent_s is None and now - p.time_s > after_s and p.id not in seen
+    ]

@@ -17,12 +17,14 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from hcs_bus import vocabulary
 from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
 from hcs_bus.messages import Plan, PlanRequest, PodRef
 from hcs_bus.telemetry import logger, meter
@@ -68,9 +70,13 @@ class Pledger:
         clock: Callable[[], float] = time.time,
         ttl_s: float = 300.0,
         grace_s: float = 30.0,
+        pods: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None,
+        orphan_after_s: float = 30.0,
     ) -> None:
         self.kv, self.summary, self.clock = kv, summary, clock
         self.ttl_s, self.grace_s = ttl_s, grace_s
+        # a namespace's pods (with a cluster): pledges no pod carries are orphans
+        self.pods, self.orphan_after_s = pods, orphan_after_s
         self.docs: dict[str, _Held] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tallies: dict[str, _Tally] = {}
@@ -380,7 +386,32 @@ class Pledger:
 
         for ns in list(self.docs):
             count += await self._drop(ns, pick, reason="sweep")
+            count += await self._drop_orphans(ns, now=now)
         return count
+
+    async def _drop_orphans(self, ns: str, *, now: float) -> int:
+        held = self.docs.get(ns)
+        if self.pods is None or held is None or held.doc is None:
+            return 0
+        if not pledges.orphans(held.doc, referenced=(), now=now, after_s=self.orphan_after_s):
+            return 0  # none old enough: no need to list the pods
+        try:
+            found = await self.pods(ns)
+        except HcsError as exc:
+            _log.warning("pledge_pods_unreadable", namespace=ns, error=str(exc))
+            return 0
+        carried = {
+            ((p.get("metadata") or {}).get("annotations") or {}).get(vocabulary.PLEDGE, "")
+            for p in found
+        }
+
+        def pick(doc: NamespacePledges) -> list[Pledge]:
+            gone = pledges.orphans(doc, referenced=carried, now=now, after_s=self.orphan_after_s)
+            for p in gone:
+                _log.warning("pledge_orphaned", namespace=ns, pledge=p.id, name=p.name)
+            return gone
+
+        return await self._drop(ns, pick, reason="orphan")
 
     async def _drop(
         self,

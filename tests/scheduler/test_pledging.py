@@ -222,3 +222,37 @@ async def test_compute_quota_status_used_counts_reservations_and_pledges(
         "pledges": 1,
     }
     assert await writer.write() == 0  # unchanged: not written again
+
+
+async def test_a_pledge_no_pod_carries_is_dropped_as_an_orphan_once_old_enough(bus: Bus) -> None:
+    """The admission was answered but the pod never came to be (another
+    webhook refused it): nothing would spend its pledge before the TTL."""
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    now = [1000.0]
+    carried: list[str] = []
+
+    async def pods(namespace: str) -> list[dict]:
+        assert namespace == "ml"
+        return [{"metadata": {"name": "p1", "annotations": {"hcs.io/pledge": c}}} for c in carried]
+
+    def summary() -> planning.Summary:
+        return planning.Summary(classes={}, usage={})
+
+    book = Pledger(
+        kv=kv, summary=summary, clock=lambda: now[0], ttl_s=600.0, pods=pods, orphan_after_s=30.0
+    )
+
+    async def plan(request: PlanRequest, _summary: planning.Summary) -> object:
+        from hcs_bus.messages import Plan
+
+        return Plan(ok=True, vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=1)
+
+    kept = await book.place(_request(1), plan)  # type: ignore[arg-type]
+    lost = await book.place(_request(2), plan)  # type: ignore[arg-type]
+    carried.append(kept.pledge)
+    assert await book.sweep() == 0  # too young to tell
+    now[0] += 31.0
+    assert await book.sweep() == 1
+    doc = await _doc(bus)
+    assert doc is not None and [p.id for p in doc.pledges] == [kept.pledge]
+    assert lost.pledge != kept.pledge
