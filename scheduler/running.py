@@ -113,7 +113,12 @@ async def run(
         view.state, profiles=profiles or profile_db(), quotas=quotas, max_age_s=summary_max_age_s
     )
     view.listeners.append(planner.changed)
-    pledger = Pledger(kv=kv, summary=planner.summary, ttl_s=cfg.pledge_ttl_s)
+    pledger = Pledger(
+        kv=kv,
+        summary=planner.summary,
+        ttl_s=cfg.pledge_ttl_s,
+        pods=(lambda ns: kube.list_pods(namespace=ns)) if kube is not None else None,
+    )
     view.key_listeners.append(pledger.apply)
     planner.pledger, booker.spend, booker.unpledge = pledger, planner.spend, pledger.release
     extender = Extender(
