@@ -3,9 +3,12 @@
 Observable gauges (no cost per event): ``hcs_fleet_devices{vendor,model,health}``,
 ``hcs_fleet_vram_bytes{vendor,model,state}`` and ``hcs_fleet_acu{vendor,model,state}``
 (state: total, free, reserved), ``hcs_namespace_reserved_vram_bytes{namespace}``
-and ``hcs_namespace_reserved_acu{namespace}``. Figures come from
-``scheduler.figures``; one computation serves every gauge of one scrape.
-Each replica reports its own view: aggregate with ``max`` across replicas.
+and ``hcs_namespace_reserved_acu{namespace}``, and what admissions promised and
+no bind has spent yet: ``hcs_namespace_pledged_vram_bytes{namespace}`` and
+``hcs_namespace_pledged_acu{namespace}`` (0 for a namespace holding
+reservations only). Figures come from ``scheduler.figures``; one computation
+serves every gauge of one scrape. Each replica reports its own view:
+aggregate with ``max`` across replicas.
 """
 
 from __future__ import annotations
@@ -13,16 +16,27 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from hcs_bus.telemetry import meter
-from scheduler.figures import FleetFigures, fleet_figures
+from scheduler.figures import MIB, FleetFigures, fleet_figures
 from scheduler.state import ClusterState
 
 FRESH_S = 1.0  # one scrape reads all gauges within this
 
 _states: weakref.WeakSet[ClusterState] = weakref.WeakSet()
+_pledgers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class Pledged(Protocol):
+    """What ``scheduler.pledging.Pledger`` offers: per namespace, what its
+    outstanding pledges hold (``vram_mib``, ``acu``) and how many."""
+
+    def by_namespace(self) -> Mapping[str, tuple[Any, int]]: ...
+
+
 _cache: dict[str, tuple[float, list[FleetFigures]]] = {}
 
 
@@ -31,13 +45,39 @@ def watch(state: ClusterState) -> None:
     _states.add(state)
 
 
+def watch_pledges(pledger: Pledged) -> None:
+    """Report ``pledger``'s outstanding pledges per namespace (while it lives)."""
+    _pledgers.add(pledger)
+
+
+def _pledged(_options: CallbackOptions, *, field: str, scale: float) -> Iterable[Observation]:
+    namespaces = {ns for f in _figures() for ns in f.namespace_vram_bytes}
+    held: dict[str, float] = dict.fromkeys(namespaces, 0.0)
+    for pledger in list(_pledgers):
+        for namespace, (total, _count) in pledger.by_namespace().items():
+            held[namespace] = held.get(namespace, 0.0) + float(getattr(total, field)) * scale
+    for namespace, amount in held.items():
+        yield Observation(amount, {"namespace": namespace})
+
+
 def _figures() -> list[FleetFigures]:
     now = time.monotonic()
     held = _cache.get("figures")
     if held is None or now - held[0] > FRESH_S:
-        held = (now, [fleet_figures(state.nodes.values()) for state in list(_states)])
+        held = (now, [_read(state) for state in list(_states)])
         _cache["figures"] = held
     return held[1]
+
+
+def _read(state: ClusterState) -> FleetFigures:
+    """Figures of one view. Scrapes run on the metrics server's thread while the
+    event loop changes the view: a view changed mid-read is read again."""
+    for _ in range(3):
+        try:
+            return fleet_figures(list(state.nodes.values()))
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return FleetFigures()
 
 
 def _by_model(
@@ -89,4 +129,15 @@ _meter.create_observable_gauge(
     "hcs_namespace_reserved_acu",
     callbacks=[_by_namespace(lambda f: f.namespace_acu)],
     description="ACU held by a namespace's reservations (reserved or bound)",
+)
+_meter.create_observable_gauge(
+    "hcs_namespace_pledged_vram_bytes",
+    callbacks=[lambda options: _pledged(options, field="vram_mib", scale=float(MIB))],
+    unit="By",
+    description="VRAM promised by a namespace's admissions and not yet spent by a bind",
+)
+_meter.create_observable_gauge(
+    "hcs_namespace_pledged_acu",
+    callbacks=[lambda options: _pledged(options, field="acu", scale=1.0)],
+    description="ACU promised by a namespace's admissions and not yet spent by a bind",
 )

@@ -120,6 +120,7 @@ async def run(
         pods=(lambda ns: kube.list_pods(namespace=ns)) if kube is not None else None,
     )
     view.key_listeners.append(pledger.apply)
+    gauging.watch_pledges(pledger)
     planner.pledger, booker.spend, booker.unpledge = pledger, planner.spend, pledger.release
     extender = Extender(
         view, planner=planner, booker=booker, kube=kube, weights=placing.Weights.from_settings(cfg)

@@ -4,7 +4,9 @@ VRAM is never free, reservations are charged to their namespace."""
 from __future__ import annotations
 
 from hcs_bus.messages import HealthEvent, NodeReservations
+from scheduler import gauging
 from scheduler.figures import MIB, fleet_figures
+from scheduler.pledges import Held
 from tests.scheduler.helpers import node_fp as fp
 from tests.scheduler.helpers import state_of
 from tests.view.factories import reservation
@@ -67,3 +69,29 @@ def test_a_stale_or_failed_node_has_nothing_free() -> None:
 def test_an_empty_fleet_has_no_figures() -> None:
     figures = fleet_figures([])
     assert not figures.devices and not figures.vram_bytes and not figures.namespace_acu
+
+
+def test_pledged_gauges_show_each_namespace_with_pledges_or_reservations() -> None:
+    state = state_of(fp("pledge-a", count=2))
+    doc = NodeReservations(
+        node="pledge-a", reservations=(reservation("ml", "p", [(0, 8192, False)]),)
+    )
+    state.apply_reservations("pledge-a", doc)
+
+    class Pledger:
+        def by_namespace(self) -> dict[str, tuple[Held, int]]:
+            return {"web": (Held(vram_mib=1024, acu=12.5, devices=1), 1)}
+
+    pledger = Pledger()
+    gauging.watch(state)
+    gauging.watch_pledges(pledger)
+    gauging._cache.clear()
+    vram = {
+        o.attributes["namespace"]: o.value
+        for o in gauging._pledged(None, field="vram_mib", scale=MIB)
+    }  # type: ignore[arg-type,index]
+    acu = {
+        o.attributes["namespace"]: o.value for o in gauging._pledged(None, field="acu", scale=1.0)
+    }  # type: ignore[arg-type,index]
+    assert vram["web"] == 1024 * MIB and acu["web"] == 12.5
+    assert vram["ml"] == 0.0 and acu["ml"] == 0.0  # reservations only: pledged 0, not absent
