@@ -23,6 +23,7 @@ class Item:
     message: msgspec.Struct
     msg_id: str
     kind: Kind
+    traceparent: str | None = None  # the trace it was queued in, published with it
 
 
 @dataclass

@@ -23,7 +23,7 @@ from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import DeviceFingerprint, HealthEvent, NodeFingerprint
-from hcs_bus.telemetry import logger, meter, zero_init
+from hcs_bus.telemetry import current_traceparent, logger, meter, span, zero_init
 
 AGENT_VERSION = "0.1.0"
 _log = logger("hcs.agent.reporting")
@@ -72,7 +72,12 @@ class Publisher:
         while (item := self.outbox.peek()) is not None:
             try:
                 await self.bus.publish(
-                    item.subject, item.message, msg_id=item.msg_id, timeout_s=1.0, attempts=1
+                    item.subject,
+                    item.message,
+                    msg_id=item.msg_id,
+                    timeout_s=1.0,
+                    attempts=1,
+                    traceparent=item.traceparent,
                 )
             except (TimeoutError, HcsError, OSError) as exc:
                 failures += 1
@@ -170,5 +175,10 @@ class Reporter:
         self.health_seq += 1
         msg_id = f"{self.node}:{self.boot_id}:h{self.health_seq}"
         stamped = msgspec.structs.replace(event, id=msg_id)
-        self.publisher.put(Item(subjects.health(self.node), stamped, msg_id, "health"))
+        # A trace starts where the fault is seen; its consumers (the healer's
+        # verdict, the views) continue it from the event's headers.
+        attributes = {"hcs.node": self.node, "hcs.kind": event.kind}
+        with span("hcs.agent.health_event", attributes=attributes):
+            traced = current_traceparent()
+        self.publisher.put(Item(subjects.health(self.node), stamped, msg_id, "health", traced))
         return stamped

@@ -37,7 +37,7 @@ from hcs_bus.deadletters import DEAD_LETTERS, DeadLetters, family
 from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.redacting import redact_text, redact_url
 from hcs_bus.settings import BusSettings
-from hcs_bus.telemetry import inject_headers, logger, meter, span
+from hcs_bus.telemetry import TRACEPARENT, inject_headers, logger, meter, span
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -173,14 +173,19 @@ class Bus:
         msg_id: str,
         timeout_s: float = 2.0,
         attempts: int | None = 5,
+        traceparent: str | None = None,
     ) -> int:
         """Publish into a stream and wait for the ack; retry with the same id.
 
         ``attempts=None`` retries forever (agents buffering across an outage
-        use their own buffer instead). Returns the stream sequence.
+        use their own buffer instead). Returns the stream sequence. The trace
+        context is the current span's, or ``traceparent`` (a message queued
+        earlier, published later, keeps the trace it was queued in).
         """
         data = messages.encode(message)
         headers = inject_headers({MSG_ID: msg_id})
+        if traceparent:
+            headers[TRACEPARENT] = traceparent
         tried = 0
         while True:
             tried += 1

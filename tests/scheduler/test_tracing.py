@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agents.reporting import Publisher, Reporter
 from hcs_bus import streams, subjects, tasks
 from hcs_bus.bus import Bus, Consumer, Delivery
 from hcs_bus.messages import AllocationEvent, HealthEvent
@@ -166,3 +167,41 @@ async def test_a_health_event_published_in_a_span_is_consumed_as_its_child(
     consumed = _one(list(exporter.get_finished_spans()), f"consume {subjects.health(node)}")
     assert consumed.context.trace_id == detect.context.trace_id
     assert _parent_of(consumed) == detect.context.span_id
+
+
+async def test_an_agent_health_event_starts_a_trace_its_consumer_continues(
+    bus: Bus, exporter: InMemorySpanExporter
+) -> None:
+    node = f"trace-agent-{uuid.uuid4().hex[:6]}"
+    seen = asyncio.Event()
+
+    async def handle(_items: list[Delivery[HealthEvent]]) -> None:
+        seen.set()
+
+    consumer = Consumer(
+        bus,
+        stream=streams.HEALTH,
+        kind=HealthEvent,
+        handle=handle,
+        filter_subject=subjects.health(node),
+        deliver=DeliverPolicy.NEW,
+        fetch_timeout_s=0.2,
+    )
+    await consumer.start()
+    publisher = Publisher(bus, capacity=10)
+    reporter = Reporter(publisher, node=node, report_interval_s=1.0)
+    running = [
+        tasks.start(consumer.run(), name="test:health"),
+        tasks.start(publisher.run(), name="test:publisher"),
+    ]
+    try:
+        event = HealthEvent(node=node, kind="xid", severity="fatal", source="agent", time_s=1.0)
+        reporter.health(event)  # queued now, published by the publisher's loop later
+        await asyncio.wait_for(seen.wait(), 5)
+    finally:
+        await tasks.stop(*running)
+    spans = list(exporter.get_finished_spans())
+    seen_at = _one(spans, "hcs.agent.health_event")
+    consumed = _one(spans, f"consume {subjects.health(node)}")
+    assert consumed.context.trace_id == seen_at.context.trace_id
+    assert _parent_of(consumed) == seen_at.context.span_id
