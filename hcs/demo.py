@@ -36,8 +36,18 @@ import msgspec
 from hcs_bus import checkpoint, identity, messages, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import HcsError
-from hcs_bus.messages import AllocationEvent, HealthEvent, PodRef, ReleaseRequest
+from hcs_bus.messages import (
+    AllocationEvent,
+    HealthEvent,
+    Plan,
+    PlanRequest,
+    PodRef,
+    Policy,
+    ReleaseRequest,
+    Requests,
+)
 from hcs_bus.telemetry import logger
+from hcs_bus.units import quantity_mib
 from scheduler.state import ClusterState
 
 _log = logger("hcs.demo")
@@ -104,7 +114,29 @@ class DemoJob:
             )
 
     # -- admission and scheduling, as the apiserver and kube-scheduler do it --
+    async def _planner_ready(self) -> None:
+        """Wait until a dry-run plan for the job's first class comes back
+        promptly: an admission whose plan answers after the webhook gave up
+        would leave a pledge holding that class until it is swept."""
+        s = self.spec
+        request = PlanRequest(
+            namespace=NAMESPACE,
+            requests=Requests(vram_mib=quantity_mib(s.vram), devices=s.devices),
+            policy=Policy(models=(s.model,)),
+            dry_run=True,
+        )
+        while True:
+            try:
+                plan = await self.bus.request(subjects.PLACE, request, Plan, timeout_s=1.0)
+            except (TimeoutError, HcsError):
+                plan = None
+            if plan is not None and plan.ok:
+                return
+            await asyncio.sleep(1.0)
+
     async def _start_pod(self, http: aiohttp.ClientSession) -> Attempt:
+        if not self.attempts:
+            await self._planner_ready()
         attempt = Attempt(name=f"train-{len(self.attempts)}", uid=str(uuid.uuid4()))
         while True:
             if await self._try_start(http, attempt):

@@ -267,7 +267,7 @@ class Actor:
                 "dry_run": True,
                 "reason": reason[:500],
             },
-            message=f"dry run: would {action} {node}",
+            message=_announced(action, node=node, pods=pods, no_cluster=self.kube is None),
         )
         ACTIONS.add(1, {"action": action, "dry_run": "true"})
         _log.info("dry_run_action", node=node, action=action, taint=taint, pods=pods)
@@ -283,6 +283,16 @@ class Actor:
     def _kube(self) -> Kube:
         assert self.kube is not None, "no cluster: the actor runs in dry run"
         return self.kube
+
+
+def _announced(action: str, *, node: str, pods: list[str], no_cluster: bool) -> str:
+    """What an action not applied here says: a dry run the operator chose
+    ("would"), or no cluster at all (a stand-in, such as ``hcs up``'s demo,
+    may carry it out)."""
+    what = f"{action} {', '.join(pods)} on {node}" if pods else f"{action} {node}"
+    if no_cluster:
+        return f"{what} (no cluster here: announced for whoever runs the pods)"
+    return f"dry run: would {what} (not applied)"
 
 
 def _camel(value: str) -> str:

@@ -70,7 +70,7 @@ def _review() -> bytes:
             "operation": "CREATE",
             "userInfo": {"username": "alice"},
             "object": pod,
-            "dryRun": False,
+            "dryRun": True,  # a real admission would pledge room the demo job needs
         },
     }
     return json.dumps(review).encode()
