@@ -31,9 +31,8 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from nats.js.api import DeliverPolicy
 
-from hcs_bus import checkpoint, streams, subjects, tasks
+from hcs_bus import checkpoint, tasks
 from hcs_bus.bus import Bus, Delivery, Follower
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import CheckpointEvent, HealthEvent
@@ -42,7 +41,7 @@ from hcs_bus.telemetry import logger
 from scheduler import panels
 from scheduler.planning import QuotaLimits
 from scheduler.quotas import QuotaSource
-from scheduler.viewing import ClusterView
+from scheduler.viewing import ClusterView, health_follower
 
 _log = logger("hcs.scheduler.console")
 DATA = Path(__file__).with_name("data") / "console"
@@ -96,15 +95,7 @@ class Console:
     # -- lifetime -----------------------------------------------------------
     async def start(self) -> None:
         since = dt.datetime.fromtimestamp(self.clock() - self.alerts_replay_s, dt.UTC)
-        self._health = Follower(
-            self.bus,
-            stream=streams.HEALTH,
-            subject=subjects.HEALTH_ALL,
-            kind=HealthEvent,
-            handle=self._on_health,
-            deliver=DeliverPolicy.BY_START_TIME,
-            opt_start_time=since,
-        )
+        self._health = health_follower(self.bus, since=since, handle=self._on_health)
         await self._health.start()
         self._tasks = [  # a loop that crashes (a bus error) is started again
             tasks.supervise(self._sampling, name="console:history"),

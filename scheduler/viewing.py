@@ -81,15 +81,7 @@ class ClusterView:
         )
         # Verdicts older than the replay window have been superseded by the
         # healer's later ones (it republishes on every change).
-        self._health = Follower(
-            self.bus,
-            stream=streams.HEALTH,
-            subject=subjects.HEALTH_ALL,
-            kind=HealthEvent,
-            handle=self._on_health,
-            deliver=DeliverPolicy.BY_START_TIME,
-            opt_start_time=since,
-        )
+        self._health = health_follower(self.bus, since=since, handle=self._on_health)
         await self._fp.start()
         await self._health.start()
         kv = await self.bus.js.key_value(streams.KV_ALLOC)
@@ -194,6 +186,21 @@ class ClusterView:
         if self.listeners:
             for listener in self.listeners:
                 listener(node)
+
+
+def health_follower(
+    bus: Bus, *, since: dt.datetime, handle: Callable[[Delivery[HealthEvent]], None]
+) -> Follower[HealthEvent]:
+    """Every node's health events published since ``since``, then each new one."""
+    return Follower(
+        bus,
+        stream=streams.HEALTH,
+        subject=subjects.HEALTH_ALL,
+        kind=HealthEvent,
+        handle=handle,
+        deliver=DeliverPolicy.BY_START_TIME,
+        opt_start_time=since,
+    )
 
 
 def _applied_total() -> float:
