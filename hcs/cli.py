@@ -522,8 +522,8 @@ async def _print_progress(
 
 async def _checkpoints(bus: Bus, state: Any) -> dict[str, messages.CheckpointEvent]:
     """The latest checkpoint of every job that holds devices (KV ``hcs_ckpt``)."""
-    from hcs.top import job_keys
     from hcs_bus import checkpoint
+    from scheduler.panels import job_keys
 
     found: dict[str, messages.CheckpointEvent] = {}
     for namespace, job in job_keys(state):

@@ -29,16 +29,6 @@ def summarise(
     }
 
 
-def job_keys(state: ClusterState) -> set[tuple[str, str]]:
-    """(namespace, job) of every reservation that names a job."""
-    return {
-        (r.pod.namespace, r.job)
-        for node in state.nodes.values()
-        for r in node.reservations.values()
-        if r.job
-    }
-
-
 def _job_rows(
     nodes: list[NodeView], checkpoints: dict[str, CheckpointEvent]
 ) -> list[dict[str, Any]]:
