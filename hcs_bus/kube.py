@@ -131,9 +131,7 @@ class Kube:
 
     async def patch_node_labels(self, name: str, labels: dict[str, str | None]) -> dict[str, Any]:
         """Merge-patch labels; a None value removes that label, others stay."""
-        for key, value in labels.items():
-            if not isinstance(key, str) or not (value is None or isinstance(value, str)):
-                raise KubeInvalid(f"node {name} label {key!r}={value!r}: want str → str | None")
+        _check_strings(labels, what=f"node {name} label")
         body = {"metadata": {"labels": labels}}
         return await self._call(
             f"patch labels of node {name}",
@@ -197,12 +195,7 @@ class Kube:
 
     async def patch_node_condition(self, name: str, condition: dict[str, Any]) -> dict[str, Any]:
         """Set one node condition (merged by ``type``) by strategic merge on /status."""
-        if not isinstance(condition.get("type"), str) or condition.get("status") not in (
-            "True",
-            "False",
-            "Unknown",
-        ):
-            raise KubeInvalid(f"node {name} condition {condition!r}: needs type and status")
+        _check_condition(condition, of=f"node {name}")
         return await self._call(
             f"patch condition {condition['type']} of node {name}",
             self._core.patch_node_status,
@@ -320,9 +313,7 @@ class Kube:
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> dict[str, Any]:
         """Merge-patch the pod's annotations; a None value removes that one."""
-        for key, value in annotations.items():
-            if not isinstance(key, str) or not (value is None or isinstance(value, str)):
-                raise KubeInvalid(f"pod {namespace}/{name} annotation {key!r}: want str → str")
+        _check_strings(annotations, what=f"pod {namespace}/{name} annotation")
         return await self._call(
             f"patch annotations of pod {namespace}/{name}",
             self._core.patch_namespaced_pod,
@@ -336,12 +327,7 @@ class Kube:
         self, namespace: str, name: str, condition: dict[str, Any]
     ) -> dict[str, Any]:
         """Set one pod condition (merged by ``type``) by strategic merge on /status."""
-        if not isinstance(condition.get("type"), str) or condition.get("status") not in (
-            "True",
-            "False",
-            "Unknown",
-        ):
-            raise KubeInvalid(f"pod {namespace}/{name} condition {condition!r}: needs type, status")
+        _check_condition(condition, of=f"pod {namespace}/{name}")
         return await self._call(
             f"patch condition {condition['type']} of pod {namespace}/{name}",
             self._core.patch_namespaced_pod_status,
@@ -500,32 +486,28 @@ class Kube:
     ) -> dict[str, Any]:
         """Merge-patch ``status.usage`` of a ComputeQuota (the metering
         service's figures); the rest of its status is left alone."""
-        return await self._call(
-            f"patch usage of computequota {namespace}/{name}",
-            self._custom.patch_namespaced_custom_object_status,
-            CRD_GROUP,
-            CRD_VERSION,
-            namespace,
-            "computequotas",
-            name,
-            {"status": {"usage": usage}},
-            _content_type=MERGE_PATCH,
-        )
+        return await self._patch_compute_quota_status(namespace, name, field="usage", value=usage)
 
     async def patch_compute_quota_used(
         self, namespace: str, name: str, used: dict[str, Any]
     ) -> dict[str, Any]:
         """Merge-patch ``status.used`` of a ComputeQuota (what the ledger holds
         for the namespace: reservations and pledges); the rest is left alone."""
+        return await self._patch_compute_quota_status(namespace, name, field="used", value=used)
+
+    async def _patch_compute_quota_status(
+        self, namespace: str, name: str, *, field: str, value: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch one field of a ComputeQuota's status, the others left alone."""
         return await self._call(
-            f"patch used of computequota {namespace}/{name}",
+            f"patch {field} of computequota {namespace}/{name}",
             self._custom.patch_namespaced_custom_object_status,
             CRD_GROUP,
             CRD_VERSION,
             namespace,
             "computequotas",
             name,
-            {"status": {"used": used}},
+            {"status": {field: value}},
             _content_type=MERGE_PATCH,
         )
 
@@ -565,6 +547,24 @@ class Kube:
             {"status": status},
             _content_type=MERGE_PATCH,
         )
+
+
+def _check_strings(values: dict[str, str | None], *, what: str) -> None:
+    """KubeInvalid unless every key is a string and every value a string or None
+    (None: remove that key)."""
+    for key, value in values.items():
+        if not isinstance(key, str) or not (value is None or isinstance(value, str)):
+            raise KubeInvalid(f"{what} {key!r}={value!r}: want str → str | None")
+
+
+def _check_condition(condition: dict[str, Any], *, of: str) -> None:
+    """KubeInvalid unless ``condition`` has a string type and a status Kubernetes takes."""
+    if not isinstance(condition.get("type"), str) or condition.get("status") not in (
+        "True",
+        "False",
+        "Unknown",
+    ):
+        raise KubeInvalid(f"{of} condition {condition!r}: needs type and status")
 
 
 def _selectors(*, field_selector: str | None, label_selector: str | None) -> dict[str, str]:
