@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import json
 import ssl
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonpatch
 import pytest
@@ -34,6 +35,7 @@ from tests.scheduler.helpers import FakeKube, node_fp, post, publish_fleet, unti
 
 REVIEW = Path(__file__).parents[1] / "injector/fixtures/admission-review-pod-create-request.json"
 NODE = "gpu-trace-a"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -80,6 +82,46 @@ def _parent_of(child: ReadableSpan) -> int | None:
     return child.parent.span_id if child.parent is not None else None
 
 
+def _assert_child(child: ReadableSpan, *, of: ReadableSpan) -> None:
+    assert child.context.trace_id == of.context.trace_id
+    assert _parent_of(child) == of.context.span_id
+
+
+@contextlib.asynccontextmanager
+async def _consuming(
+    bus: Bus,
+    *,
+    stream: str,
+    kind: type[T],
+    subject: str,
+    handle: Callable[[list[Delivery[T]]], Awaitable[None]],
+) -> AsyncIterator[None]:
+    """A consumer of the messages published on ``subject`` from now on, running
+    (through the bus wrappers, so it traces) until the block ends."""
+    consumer = Consumer(
+        bus,
+        stream=stream,
+        kind=kind,
+        handle=handle,
+        filter_subject=subject,
+        deliver=DeliverPolicy.NEW,
+        fetch_timeout_s=0.2,
+    )
+    await consumer.start()
+    running = tasks.start(consumer.run(), name=f"test:consume {subject}")
+    try:
+        yield
+    finally:
+        await tasks.stop(running)
+
+
+def _setting(seen: asyncio.Event) -> Callable[[list[Delivery[HealthEvent]]], Awaitable[None]]:
+    async def handle(_items: list[Delivery[HealthEvent]]) -> None:
+        seen.set()
+
+    return handle
+
+
 async def test_one_trace_joins_admission_plan_bind_and_the_allocation_consumer(
     bus: Bus, start_scheduler: Start, exporter: InMemorySpanExporter
 ) -> None:
@@ -91,18 +133,10 @@ async def test_one_trace_joins_admission_plan_bind_and_the_allocation_consumer(
     async def audit(items: list[Delivery[AllocationEvent]]) -> None:
         got.extend(item.value for item in items)
 
-    consumer = Consumer(
-        bus,
-        stream=streams.ALLOC,
-        kind=AllocationEvent,
-        handle=audit,
-        filter_subject=subjects.alloc(NODE),
-        deliver=DeliverPolicy.NEW,
-        fetch_timeout_s=0.2,
-    )
-    await consumer.start()
-    running = tasks.start(consumer.run(), name="test:alloc-audit")
-    try:
+    alloc = subjects.alloc(NODE)
+    async with _consuming(
+        bus, stream=streams.ALLOC, kind=AllocationEvent, subject=alloc, handle=audit
+    ):
         pod = await _admit(bus, _review())
         assert pod["metadata"]["annotations"]["hcs.io/traceparent"]
         status, _ = await post(sched.port, "filter", {"Pod": pod, "NodeNames": [NODE]})
@@ -113,18 +147,14 @@ async def test_one_trace_joins_admission_plan_bind_and_the_allocation_consumer(
         assert status == 200 and not out.get("Error"), out
         await until(lambda: any(e.state == "bound" for e in got))
         await until(
-            lambda: any(
-                s.name == f"consume {subjects.alloc(NODE)}" for s in exporter.get_finished_spans()
-            )
+            lambda: any(s.name == f"consume {alloc}" for s in exporter.get_finished_spans())
         )
-    finally:
-        await tasks.stop(running)
 
     spans = list(exporter.get_finished_spans())
     admission = _one(spans, "hcs.admission")
     plan = _one(spans, f"serve {subjects.PLACE}")
     bound = _one(spans, "hcs.bind")
-    consumed = [s for s in spans if s.name == f"consume {subjects.alloc(NODE)}"]
+    consumed = [s for s in spans if s.name == f"consume {alloc}"]
     trace_id = admission.context.trace_id
     assert {s.context.trace_id for s in (plan, bound, *consumed)} == {trace_id}
     assert _parent_of(plan) == admission.context.span_id
@@ -137,36 +167,21 @@ async def test_a_health_event_published_in_a_span_is_consumed_as_its_child(
 ) -> None:
     node = f"trace-{uuid.uuid4().hex[:6]}"
     seen = asyncio.Event()
-
-    async def handle(_items: list[Delivery[HealthEvent]]) -> None:
-        seen.set()
-
-    consumer = Consumer(
-        bus,
-        stream=streams.HEALTH,
-        kind=HealthEvent,
-        handle=handle,
-        filter_subject=subjects.health(node),
-        deliver=DeliverPolicy.NEW,
-        fetch_timeout_s=0.2,
-    )
-    await consumer.start()
-    running = tasks.start(consumer.run(), name="test:health")
     event = HealthEvent(node=node, kind="xid", severity="critical", source="agent", time_s=1.0)
-    try:
-        await bus.publish(subjects.health(node), event, msg_id=f"{node}:untraced")
+    health = subjects.health(node)
+    async with _consuming(
+        bus, stream=streams.HEALTH, kind=HealthEvent, subject=health, handle=_setting(seen)
+    ):
+        await bus.publish(health, event, msg_id=f"{node}:untraced")
         await asyncio.wait_for(seen.wait(), 5)
         assert not [s for s in exporter.get_finished_spans() if s.name.startswith("consume")]
         seen.clear()
         with span("agent.detect"):
-            await bus.publish(subjects.health(node), event, msg_id=f"{node}:traced")
+            await bus.publish(health, event, msg_id=f"{node}:traced")
         await asyncio.wait_for(seen.wait(), 5)
-    finally:
-        await tasks.stop(running)
     detect = _one(list(exporter.get_finished_spans()), "agent.detect")
-    consumed = _one(list(exporter.get_finished_spans()), f"consume {subjects.health(node)}")
-    assert consumed.context.trace_id == detect.context.trace_id
-    assert _parent_of(consumed) == detect.context.span_id
+    consumed = _one(list(exporter.get_finished_spans()), f"consume {health}")
+    _assert_child(consumed, of=detect)
 
 
 async def test_an_agent_health_event_starts_a_trace_its_consumer_continues(
@@ -174,34 +189,19 @@ async def test_an_agent_health_event_starts_a_trace_its_consumer_continues(
 ) -> None:
     node = f"trace-agent-{uuid.uuid4().hex[:6]}"
     seen = asyncio.Event()
-
-    async def handle(_items: list[Delivery[HealthEvent]]) -> None:
-        seen.set()
-
-    consumer = Consumer(
-        bus,
-        stream=streams.HEALTH,
-        kind=HealthEvent,
-        handle=handle,
-        filter_subject=subjects.health(node),
-        deliver=DeliverPolicy.NEW,
-        fetch_timeout_s=0.2,
-    )
-    await consumer.start()
     publisher = Publisher(bus, capacity=10)
     reporter = Reporter(publisher, node=node, report_interval_s=1.0)
-    running = [
-        tasks.start(consumer.run(), name="test:health"),
-        tasks.start(publisher.run(), name="test:publisher"),
-    ]
-    try:
-        event = HealthEvent(node=node, kind="xid", severity="fatal", source="agent", time_s=1.0)
-        reporter.health(event)  # queued now, published by the publisher's loop later
-        await asyncio.wait_for(seen.wait(), 5)
-    finally:
-        await tasks.stop(*running)
+    health = subjects.health(node)
+    async with _consuming(
+        bus, stream=streams.HEALTH, kind=HealthEvent, subject=health, handle=_setting(seen)
+    ):
+        publishing = tasks.start(publisher.run(), name="test:publisher")
+        try:
+            event = HealthEvent(node=node, kind="xid", severity="fatal", source="agent", time_s=1.0)
+            reporter.health(event)  # queued now, published by the publisher's loop later
+            await asyncio.wait_for(seen.wait(), 5)
+        finally:
+            await tasks.stop(publishing)
     spans = list(exporter.get_finished_spans())
     seen_at = _one(spans, "hcs.agent.health_event")
-    consumed = _one(spans, f"consume {subjects.health(node)}")
-    assert consumed.context.trace_id == seen_at.context.trace_id
-    assert _parent_of(consumed) == seen_at.context.span_id
+    _assert_child(_one(spans, f"consume {health}"), of=seen_at)
