@@ -4,35 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 
 import pytest
 
-from hcs_bus import subjects
 from hcs_bus.bus import Bus
-from hcs_bus.messages import AllocationEvent, AllocState, DeviceSlice, PodRef
+from tests.allocations import allocation, publish
 from tests.cli.running import CEILING_S, hcs
 
-
-def alloc(
-    state: AllocState, time_s: float, *, pod: str, namespace: str, model: str = "A100-80G"
-) -> AllocationEvent:
-    return AllocationEvent(
-        node="gpu-node-a",
-        pod=PodRef(namespace=namespace, name=pod, uid=f"uid-{pod}"),
-        state=state,
-        time_s=time_s,
-        devices=(DeviceSlice(index=0, uuid="GPU-0", vram_mib=40960),),
-        vendor="nvidia",
-        model=model,
-        acu=100.0,
-    )
-
-
-async def publish(bus: Bus, *events: AllocationEvent) -> None:
-    for e in events:
-        await bus.publish(subjects.alloc(e.node), e, msg_id=f"{e.pod.name}:{e.state}:{e.time_s}")
+alloc = functools.partial(allocation, vram_mib=40960)  # one 40 GiB device
 
 
 async def test_usage_prints_each_namespace_and_model_over_the_window(

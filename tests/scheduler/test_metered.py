@@ -5,14 +5,16 @@ counters and a UsageAlert on ``hcs.usage.<namespace>``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from hcs_bus import messages, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
-from hcs_bus.messages import AllocationEvent, AllocState, DeviceSlice, PodRef, UsageAlert
+from hcs_bus.messages import UsageAlert
 from hcs_bus.telemetry import metrics_text
 from scheduler.metered import Meter
+from tests.allocations import allocation, publish
 from tests.apiserver import ApiServer
 
 T0 = 1_700_000_000.0
@@ -26,27 +28,7 @@ class Clock:
         return self.now
 
 
-def alloc(
-    state: AllocState, time_s: float, *, pod: str, namespace: str = "ml", devices: int = 2
-) -> AllocationEvent:
-    return AllocationEvent(
-        node="gpu-node-a",
-        pod=PodRef(namespace=namespace, name=pod, uid=f"uid-{pod}"),
-        state=state,
-        time_s=time_s,
-        devices=tuple(
-            DeviceSlice(index=i, uuid=f"GPU-{i}", vram_mib=16384) for i in range(devices)
-        ),
-        vendor="nvidia",
-        model="A100-80G",
-        acu=100.0 * devices,
-    )
-
-
-async def publish(bus: Bus, *events: AllocationEvent) -> None:
-    for e in events:
-        msg_id = f"{e.pod.name}:{e.state}:{e.time_s}"
-        await bus.publish(subjects.alloc(e.node), e, msg_id=msg_id)
+alloc = functools.partial(allocation, devices=2)  # two 16 GiB devices unless told
 
 
 async def test_a_bound_pod_shows_up_in_its_quota_status_and_a_released_one_stops_counting(
