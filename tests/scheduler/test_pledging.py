@@ -16,17 +16,10 @@ from scheduler.pledging import Pledger
 from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.serving import ask_plan
 from tests.scheduler.conftest import Start
-from tests.scheduler.helpers import node_fp, publish_fleet, until
+from tests.scheduler.helpers import A100_TWO, node_fp, publish_fleet, until
 
 NODES = ("gpu-0", "gpu-1")
-WHOLE = PlanAnnotation(
-    vendor="nvidia",
-    model="A100-80G",
-    devices=1,
-    vram_mib_per_device=81920,
-    whole_device=True,
-    acu_per_device=100.0,
-)
+WHOLE = PlanAnnotation(**{**A100_TWO, "devices": 1})  # one whole A100-80G
 
 
 def _quota_file(tmp_path: Path, *, gib: int) -> str:

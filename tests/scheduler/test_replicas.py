@@ -10,17 +10,10 @@ from hcs_bus.messages import PodRef, Policy
 from hcs_bus.settings import BusSettings
 from scheduler.pods import PlanAnnotation, PodInfo
 from tests.scheduler.conftest import Start
-from tests.scheduler.helpers import node_fp, publish_fleet, until
+from tests.scheduler.helpers import A100_TWO, node_fp, publish_fleet, until
 
 NODES = [f"gpu-{i}" for i in range(4)]
-WHOLE = PlanAnnotation(
-    vendor="nvidia",
-    model="A100-80G",
-    devices=1,
-    vram_mib_per_device=81920,
-    whole_device=True,
-    acu_per_device=100.0,
-)
+WHOLE = PlanAnnotation(**{**A100_TWO, "devices": 1})  # one whole A100-80G
 SLICE = PlanAnnotation(
     vendor="nvidia",
     model="A100-80G",
