@@ -25,27 +25,12 @@ from hcs_bus.bus import connect
 from hcs_bus.messages import HealthEvent
 from hcs_bus.natsserver import free_port
 from hcs_bus.settings import BusSettings
+from tests.cli.fleets import demo_fleet
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (pip install -e .[test])")
 
-FLEET = """
-report_interval_s: 1
-seed: 1
-nodes:
-  - name: gpu-a
-    network_group: ng-a
-    devices: {model: nvidia/A100-80G, count: 8}
-    topology: nvlink
-  - name: gpu-h
-    network_group: ng-a
-    devices: {model: nvidia/H100-SXM, count: 8}
-    topology: nvlink
-  - name: npu-b
-    network_group: ng-b
-    devices: {model: huawei/Ascend910B2, count: 4}
-    topology: hccs
-"""
+FLEET = demo_fleet()
 
 
 def _said(out: Path, proc: subprocess.Popen[str], prefix: str, *, timeout_s: float) -> str:

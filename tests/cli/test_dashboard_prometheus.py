@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hcs_bus.natsserver import free_port
+from tests.cli.fleets import demo_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy/base/grafana/hcs-dashboard.json"
@@ -30,25 +31,7 @@ PARTS = {"agents", "scheduler", "injector", "healer"}
 
 # The demo job starts on gpu-a, whose device 2 then fails: admission, plan,
 # bind, a verdict, a (dry-run) action and a move all happen within ~20 s.
-FLEET = """
-report_interval_s: 1
-seed: 1
-nodes:
-  - name: gpu-a
-    network_group: ng-a
-    devices: {model: nvidia/A100-80G, count: 8}
-    topology: nvlink
-    failures:
-      - {at_s: 6, device: 2, kind: xid, code: 79}
-  - name: gpu-h
-    network_group: ng-a
-    devices: {model: nvidia/H100-SXM, count: 8}
-    topology: nvlink
-  - name: npu-b
-    network_group: ng-b
-    devices: {model: huawei/Ascend910B2, count: 4}
-    topology: hccs
-"""
+FLEET = demo_fleet(gpu_a_2_fails_at_s=6)
 
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus binary not on PATH (Debian package prometheus)"

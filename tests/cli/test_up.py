@@ -14,29 +14,12 @@ import urllib.request
 from pathlib import Path
 
 from hcs_bus.natsserver import free_port
+from tests.cli.fleets import demo_fleet
 
 # The demo job asks for 8 × A100-80G with substitution allowed: it starts on
 # gpu-a, whose device 2 then fails; the replacement must land on gpu-h and
 # resume from the job's last checkpoint.
-FLEET = """
-report_interval_s: 1
-seed: 1
-nodes:
-  - name: gpu-a
-    network_group: ng-a
-    devices: {model: nvidia/A100-80G, count: 8}
-    topology: nvlink
-    failures:
-      - {at_s: 9, device: 2, kind: xid, code: 79}
-  - name: gpu-h
-    network_group: ng-a
-    devices: {model: nvidia/H100-SXM, count: 8}
-    topology: nvlink
-  - name: npu-b
-    network_group: ng-b
-    devices: {model: huawei/Ascend910B2, count: 4}
-    topology: hccs
-"""
+FLEET = demo_fleet(gpu_a_2_fails_at_s=9)
 
 
 def _processes_mentioning(text: str) -> list[str]:
