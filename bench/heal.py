@@ -88,6 +88,15 @@ async def _healer(args: argparse.Namespace) -> None:
     healer = Healer(bus, kube, settings, durable=args.durable)
     await healer.start()
     await healer.ready.wait()
+    # a new leader first reads every Node it learns about (adopting an earlier
+    # leader's taints); the bench times fatal → taint in steady state, after that
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while set(healer.last_seen) - healer.read_nodes and loop.time() - started < 120:
+        await asyncio.sleep(0.05)
+    print(
+        f"adopted {len(healer.read_nodes)} nodes in {loop.time() - started:.1f}s", file=sys.stderr
+    )
     print("READY", flush=True)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -322,6 +331,16 @@ def _result(name: str, *, api: Any, sent: dict[str, float], fp_rate: float, brea
     latencies = sorted(
         (api.tainted_at[n] - t) * 1000 for n, t in sent.items() if n in api.tainted_at
     )
+    if sent:  # where the tail is: the slowest faults, by time into the fault window
+        first = min(sent.values())
+        slow = sorted(
+            ((api.tainted_at[n] - t, t - first) for n, t in sent.items() if n in api.tainted_at),
+            reverse=True,
+        )[:5]
+        print(
+            f"{name}: slowest " + ", ".join(f"{ms * 1000:.0f} ms at +{at:.1f}s" for ms, at in slow),
+            file=sys.stderr,
+        )
     false = len(set(api.tainted_at) - set(sent))
     p50 = statistics.median(latencies) if latencies else None
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None

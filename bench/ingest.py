@@ -42,6 +42,7 @@ from hcs_bus.settings import BusSettings, SchedulerSettings, TelemetrySettings
 from hcs_bus.telemetry import configure
 
 BATCH = 1000
+APPLY_WAIT_S = 300.0
 
 
 def fingerprint(n: int) -> NodeFingerprint:
@@ -114,6 +115,8 @@ async def role_view(url: str, total: int) -> dict[str, Any]:
     await view.wait_ready(timeout_s=120)
     ready_s = time.perf_counter() - t0
     while view.applied < total:
+        if time.perf_counter() - t0 > APPLY_WAIT_S:  # some never applied: say so, do not hang
+            sys.exit(f"the view applied {view.applied} of {total} in {APPLY_WAIT_S:g} s")
         await asyncio.sleep(0.005)
     took = time.perf_counter() - t0
     nodes = len(view.state.nodes)
@@ -218,11 +221,12 @@ ROLES = {"view": role_view, "bare": role_bare, "bare-ordered": role_bare_ordered
 def run_role(role: str, url: str, total: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "bench.ingest", "--role", role, "--url", url, "--total", str(total)],
-        check=True,
         capture_output=True,
         text=True,
         timeout=600,
     )
+    if out.returncode:
+        sys.exit(f"bench.ingest role {role} failed: {out.stderr.strip()[-500:]}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
