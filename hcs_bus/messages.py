@@ -29,8 +29,11 @@ Topology = Literal["high-bandwidth", "any"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2, "fatal": 3}
 
 
-class _Frozen(msgspec.Struct, frozen=True, kw_only=True):
-    pass
+class _Frozen(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """``gc=False``: immutable messages hold no cycles, so the garbage collector
+    need not track them; tens of thousands decoded a second then no longer
+    trigger full collections (a healer holding 5,000 nodes paused 0.2 s idle,
+    1-2 s on a busy CPU, while a fatal event waited)."""
 
 
 class Link(_Frozen, frozen=True):

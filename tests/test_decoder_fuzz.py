@@ -10,6 +10,7 @@ Strategies for valid messages are derived from the type hints.
 
 from __future__ import annotations
 
+import gc
 import json
 import types
 import typing
@@ -213,6 +214,14 @@ def test_every_valid_message_round_trips(kind: type[msgspec.Struct], data: st.Da
     assert messages.decode(raw, kind) == value
     assert messages.decode(raw, messages.Message) == value  # found by its tag
     assert messages.decode_strict(raw, kind) == value
+
+
+@pytest.mark.parametrize("kind", STRUCTS, ids=lambda k: k.__name__)
+def test_no_message_is_tracked_by_the_garbage_collector(kind: type[msgspec.Struct]) -> None:
+    """Decoded by the ten thousand, they must not cause full-collection pauses."""
+    value = messages.decode(messages.encode(sample(kind)), kind)
+    assert not gc.is_tracked(value)
+    assert not gc.is_tracked(sample(kind))
 
 
 def test_the_property_can_fail() -> None:
