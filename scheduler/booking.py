@@ -45,6 +45,7 @@ from hcs_bus.messages import (
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, span, zero_init
 from scheduler import ledger, pods
 from scheduler.collectives import collective_annotations
+from scheduler.ledger import BindingOutcome
 from scheduler.placing import Demand, check_node, choose_devices
 from scheduler.state import ClusterState, NodeView, booked
 
@@ -222,12 +223,13 @@ class Booker:
             pod, reservation, node=node, vendor=demand.vendor
         )
         if note.startswith("hcs: Binding failed"):
-            try:
-                await self.release(pod.ref, reason=note, state="released", node=node)
-            except HcsError as exc:  # left "reserved": expiry takes it back
-                _log.error("release_after_failed_binding", pod=pod.ref.name, error=str(exc))
-            BINDS.add(1, {"outcome": "binding_failed"})
-            return note
+            outcome = await self._binding_outcome(pod.ref, node=node)
+            if outcome != "bound":
+                await self._after_failed_binding(pod.ref, node=node, note=note, outcome=outcome)
+                BINDS.add(1, {"outcome": "binding_failed"})
+                return note
+            _log.warning("binding_landed_after_all", pod=pod.ref.name, node=node, note=note)
+            note = ""
         try:
             await self._mark_bound(pod.ref, node=node, reservation=reservation)
         except HcsError as exc:  # the pod is bound; expiry checks the pod before it frees
@@ -332,6 +334,33 @@ class Booker:
             entry.value, key=entry.key, namespace=pod.ref.namespace, job=pod.job
         )
         return found.uri if found is not None and found.uri else None
+
+    async def _binding_outcome(self, ref: PodRef, *, node: str) -> BindingOutcome:
+        """What a Binding whose POST failed did after all, read from the pod: a
+        timeout or a 409 does not say whether the pod sits on ``node`` now."""
+        if self.kube is None:
+            return "elsewhere"
+        try:
+            pod: dict[str, Any] | None = await self.kube.get_pod(ref.namespace, ref.name)
+        except KubeNotFound:
+            pod = None
+        except HcsError as exc:
+            _log.warning("binding_outcome_unknown", pod=ref.name, node=node, error=str(exc))
+            return "unknown"
+        return ledger.binding_outcome(ref, pod, node=node)
+
+    async def _after_failed_binding(
+        self, ref: PodRef, *, node: str, note: str, outcome: BindingOutcome
+    ) -> None:
+        """Free the devices only when the pod is surely not on ``node``; when
+        that cannot be told, the reservation stays ``reserved`` and expiry
+        (which reads the pod again) decides."""
+        if outcome == "unknown":
+            return
+        try:
+            await self.release(ref, reason=note, state="released", node=node)
+        except HcsError as exc:  # left "reserved": expiry takes it back
+            _log.error("release_after_failed_binding", pod=ref.name, error=str(exc))
 
     async def _mark_bound(self, ref: PodRef, *, node: str, reservation: Reservation) -> None:
         """The pod is bound: its reservation turns ``bound``, or comes back if

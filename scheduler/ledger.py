@@ -234,6 +234,27 @@ def expiry_verdict(
     return "bound" if node_of(pod) == node else "expire"
 
 
+BindingOutcome = Literal["bound", "elsewhere", "unknown"]
+
+
+def binding_outcome(ref: PodRef, pod: Mapping[str, Any] | None, *, node: str) -> BindingOutcome:
+    """Where a pod whose Binding to ``node`` failed (a timeout, a 409) is now,
+    given the pod as the API server has it (None: gone): ``bound`` to
+    ``node`` after all (the Binding landed), ``elsewhere`` (gone, finished,
+    replaced or on another node: its devices here are free), or ``unknown``
+    (still unbound: a Binding that timed out may yet land, so its devices
+    stay held until expiry reads the pod again)."""
+    if pod is None or finished(pod):
+        return "elsewhere"
+    uid = ref_of(pod).uid
+    if ref.uid and uid and uid != ref.uid:
+        return "elsewhere"
+    bound_to = node_of(pod)
+    if bound_to is None:
+        return "unknown"
+    return "bound" if bound_to == node else "elsewhere"
+
+
 @dataclass(frozen=True, slots=True)
 class Overcommit:
     node: str

@@ -15,6 +15,7 @@ import aiohttp
 
 from hcs_bus import profiles, subjects
 from hcs_bus.bus import Bus
+from hcs_bus.errors import KubeNotFound
 from hcs_bus.messages import Compute, DeviceFingerprint, Link, NodeFingerprint
 from scheduler.state import ClusterState
 
@@ -169,7 +170,10 @@ class FakeKube:
         return {"kind": "Status", "status": "Success"}
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.pods[(namespace, name)]
+        try:
+            return self.pods[(namespace, name)]
+        except KeyError:  # as the adapter answers a 404
+            raise KubeNotFound(f"get pod {namespace}/{name}: not found") from None
 
     async def watch_pods(
         self, *, field_selector: str | None = None

@@ -425,3 +425,28 @@ def test_an_unmarked_reservation_is_still_unbooked() -> None:
         NodeReservations(node="gpu-1", reservations=(_held("p", [(0, 81920, True)]),)),
     )
     assert watching.unbooked(state, [bound]) == []
+
+
+@pytest.mark.parametrize(
+    ("pod", "outcome"),
+    [
+        (None, "elsewhere"),  # gone
+        ({"metadata": {"uid": "u1"}, "spec": {"nodeName": "gpu-1"}}, "bound"),
+        ({"metadata": {"uid": "u1"}, "spec": {"nodeName": "gpu-2"}}, "elsewhere"),
+        ({"metadata": {"uid": "u2"}, "spec": {"nodeName": "gpu-1"}}, "elsewhere"),  # replaced
+        ({"metadata": {"uid": "u1"}, "spec": {}}, "unknown"),  # the Binding may yet land
+        (
+            {
+                "metadata": {"uid": "u1"},
+                "spec": {"nodeName": "gpu-1"},
+                "status": {"phase": "Failed"},
+            },
+            "elsewhere",
+        ),
+    ],
+)
+def test_a_failed_binding_frees_devices_only_when_the_pod_is_surely_not_on_the_node(
+    pod: dict[str, Any] | None, outcome: str
+) -> None:
+    ref = PodRef(namespace="ml", name="p", uid="u1")
+    assert ledger.binding_outcome(ref, pod, node="gpu-1") == outcome

@@ -10,7 +10,7 @@ import nats.errors
 
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import KubeConflict
+from hcs_bus.errors import KubeConflict, KubeUnavailable
 from hcs_bus.messages import AllocationEvent, NodeReservations, PodRef, ReleaseRequest
 from scheduler import watching
 from scheduler.booking import Booker
@@ -103,6 +103,70 @@ async def test_a_failed_binding_gives_the_devices_back_before_the_view_has_seen_
     assert "Binding failed" in error and "already bound" in error
     doc = (await booker.read("gpu-1")).doc
     assert doc is not None and doc.reservations == ()
+
+
+class _TimingOutKube(FakeKube):
+    """The Binding's POST times out; whether it landed shows only on the pod."""
+
+    def __init__(self, *, lands: bool) -> None:
+        super().__init__()
+        self.lands = lands
+
+    async def bind_pod(self, namespace: str, name: str, **kw: Any) -> Any:
+        if self.lands:
+            self.pods[(namespace, name)] = {
+                "metadata": {"namespace": namespace, "name": name, "uid": kw["uid"]},
+                "spec": {"nodeName": kw["node"]},
+                "status": {"phase": "Pending"},
+            }
+        else:
+            self.pods[(namespace, name)] = {
+                "metadata": {"namespace": namespace, "name": name, "uid": kw["uid"]},
+                "spec": {},
+                "status": {"phase": "Pending"},
+            }
+        raise KubeUnavailable(
+            f"bind pod {namespace}/{name}: API server unreachable: TimeoutError()"
+        )
+
+
+async def test_a_binding_that_timed_out_but_landed_keeps_its_devices_bound(bus: Bus) -> None:
+    """Measured in bench.burst: releasing on a timed-out Binding that had in fact
+    landed handed the same devices out again (35 devices over-committed)."""
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    booker = Booker(
+        bus,
+        kv=kv,
+        ckpt=None,
+        state=state_of(node_fp("gpu-1")),
+        kube=_TimingOutKube(lands=True),
+        replica="r1",
+    )
+    info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
+    assert await booker.bind(info, DEMAND, node="gpu-1") == ""
+    doc = (await booker.read("gpu-1")).doc
+    assert doc is not None and [r.state for r in doc.reservations] == ["bound"]
+
+
+async def test_a_binding_that_timed_out_with_the_pod_unbound_holds_until_expiry_reads_it(
+    bus: Bus,
+) -> None:
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    kube = _TimingOutKube(lands=False)
+    booker = Booker(
+        bus, kv=kv, ckpt=None, state=state_of(node_fp("gpu-1")), kube=kube, replica="r1"
+    )
+    info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
+    error = await booker.bind(info, DEMAND, node="gpu-1")
+    assert "Binding failed" in error and "TimeoutError" in error
+    doc = (await booker.read("gpu-1")).doc
+    assert doc is not None and [r.state for r in doc.reservations] == ["reserved"]
+    # the Binding lands late: expiry finds the pod on the node and keeps it bound
+    kube.pods[("ml-team", "trainer")]["spec"]["nodeName"] = "gpu-1"
+    held = doc.reservations[0]
+    assert await booker._expire_one(held, node="gpu-1", ttl_s=0.0) is False
+    doc = (await booker.read("gpu-1")).doc
+    assert doc is not None and [r.state for r in doc.reservations] == ["bound"]
 
 
 class _UnreachableKV:
