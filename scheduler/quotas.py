@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from hcs_bus import tasks
 from hcs_bus.errors import ConfigError, HcsError
 from hcs_bus.messages import Reservation
 from hcs_bus.telemetry import logger
@@ -85,30 +86,52 @@ def _pick(hard: dict[str, Any], name: str) -> Any:
 
 
 class QuotaSource:
+    """Each namespace's limits, read from the API at most once per ``ttl_s``.
+
+    Plans never queue behind the API server: an answer older than ``ttl_s`` is
+    still given at once while one read refreshes it in the background, and
+    plans arriving together for a namespace never read yet share one read
+    (a burst of admissions once made one list call each, and under load
+    waited past the webhook's timeout for them)."""
+
     def __init__(self, *, kube: Kube | None, file: str | None, ttl_s: float = 10.0) -> None:
         self.kube = kube
         self.ttl_s = ttl_s
         self._file = read_file(file) if file else None
         self._cache: dict[str, tuple[float, QuotaLimits | None]] = {}
+        self._reading: dict[str, asyncio.Task[QuotaLimits | None]] = {}
         self.names: dict[str, tuple[str, ...]] = {}  # namespace → its ComputeQuotas
 
     async def limits(self, namespace: str) -> QuotaLimits | None:
         if self.kube is None:
             return (self._file or {}).get(namespace)
-        now = asyncio.get_running_loop().time()
         held = self._cache.get(namespace)
-        if held is not None and now - held[0] < self.ttl_s:
-            return held[1]
+        if held is None:
+            return await asyncio.shield(self._read_once(namespace))
+        if asyncio.get_running_loop().time() - held[0] >= self.ttl_s:
+            self._read_once(namespace)  # the stale answer now, a fresh one soon
+        return held[1]
+
+    def _read_once(self, namespace: str) -> asyncio.Task[QuotaLimits | None]:
+        task = self._reading.get(namespace)
+        if task is None or task.done():
+            task = tasks.start(self._read(namespace), name=f"quota-read:{namespace}")
+            self._reading[namespace] = task
+        return task
+
+    async def _read(self, namespace: str) -> QuotaLimits | None:
+        assert self.kube is not None
+        held = self._cache.get(namespace)
         try:
             objects = await self.kube.list_compute_quotas(namespace)
-            self.names[namespace] = tuple(
-                str((o.get("metadata") or {}).get("name", "")) for o in objects
-            )
             value = from_objects(objects)
         except (HcsError, QuantityError) as exc:
             _log.warning("quota_read_failed", namespace=namespace, error=str(exc))
             return held[1] if held else None
-        self._cache[namespace] = (now, value)
+        self.names[namespace] = tuple(
+            str((o.get("metadata") or {}).get("name", "")) for o in objects
+        )
+        self._cache[namespace] = (asyncio.get_running_loop().time(), value)
         return value
 
 
