@@ -38,7 +38,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from hcs_bus import identity, messages, tasks
 from hcs_bus.deadletters import MAX_MESSAGE_BYTES, decode_or_reason, origin
 from hcs_bus.errors import PermanentError, TemporaryError
-from hcs_bus.telemetry import consuming, logger
+from hcs_bus.telemetry import TRACEPARENT, consuming, logger
 
 if TYPE_CHECKING:
     from hcs_bus.bus import Bus
@@ -365,7 +365,10 @@ class Follower(Generic[T]):
         else:
             try:
                 item = Delivery(msg.subject, cast(T, value), where.seq, where.pending, msg.headers)
-                with consuming(((msg.subject, msg.headers),)):
+                if msg.headers and TRACEPARENT in msg.headers:
+                    with consuming(((msg.subject, msg.headers),)):
+                        self.handle(item)
+                else:  # untraced (fingerprints, a replay): no span, no cost
                     self.handle(item)
             except Exception as exc:  # one bad message must not stop the view
                 self.failed += 1

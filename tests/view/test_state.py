@@ -85,3 +85,36 @@ def test_fleet_totals_add_up() -> None:
     assert totals["devices"] == 5
     assert totals["vram_total_mib"] == 5 * 81920
     assert totals["acu"] == 500.0
+
+
+def test_a_new_report_of_the_same_devices_keeps_bookings_and_verdicts_and_takes_its_figures() -> (
+    None
+):
+    from msgspec import structs
+
+    state = ClusterState()
+    state.apply_fingerprint(fingerprint("n1", seq=1, devices=2), now=0)
+    state.apply_reservations(
+        "n1",
+        NodeReservations(node="n1", reservations=(reservation("ml", "a", [(0, 16384, False)]),)),
+    )
+    state.apply_health(verdict("n1", 1, "failed"))
+    state.mark_stale(now=100, stale_after_s=10)
+    assert state.nodes["n1"].stale
+    later = fingerprint("n1", seq=2, devices=2)
+    hotter = structs.replace(later.devices[0], health_score=70)
+    state.apply_fingerprint(structs.replace(later, devices=(hotter, later.devices[1])), now=101)
+    node = state.nodes["n1"]
+    assert not node.stale and node.seen_at == 101 and node.fingerprint.seq == 2
+    assert node.devices[0].free_mib == 81920 - 16384 and node.devices[0].health_score == 70
+    assert node.devices[0].verdict == "healthy" and node.devices[1].verdict == "failed"
+    assert node.reservations.keys() == {"ml/a"}
+
+
+def test_a_report_naming_other_devices_rebuilds_the_node() -> None:
+    state = ClusterState()
+    state.apply_fingerprint(fingerprint("n1", seq=1, devices=2), now=0)
+    state.apply_fingerprint(fingerprint("n1", seq=2, devices=2, model="H100-SXM"), now=1)
+    assert {d.fp.model for d in state.nodes["n1"].devices.values()} == {"H100-SXM"}
+    state.apply_fingerprint(fingerprint("n1", seq=3, devices=4, model="H100-SXM"), now=2)
+    assert len(state.nodes["n1"].devices) == 4
