@@ -10,7 +10,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 from hcs_bus.messages import CheckpointEvent, HealthEvent
-from scheduler.state import ClusterState, NodeView, fleet_totals
+from scheduler.state import ClusterState, NodeView, fleet_totals, free_for_work
 
 
 def summarise(
@@ -63,7 +63,7 @@ def _node_row(node: NodeView) -> dict[str, Any]:
         "degraded": sum(d.verdict == "degraded" for d in devices),
         "failed": sum(d.verdict == "failed" for d in devices),
         "vram_total_mib": sum(d.fp.vram_total_mib for d in devices),
-        "vram_free_mib": sum(d.free_mib for d in devices),
+        "vram_free_mib": sum(free_for_work(node, d) for d in devices),
         "acu": round(sum(d.fp.compute.acu for d in devices), 1),
         "health": min((d.health_score for d in devices), default=100),
         "verdict": node.verdict,
@@ -82,7 +82,7 @@ def _model_rows(nodes: list[NodeView]) -> list[dict[str, Any]]:
             row = rows[f"{device.fp.vendor}/{device.fp.model}"]
             row["devices"] += 1
             row["vram_total_mib"] += device.fp.vram_total_mib
-            row["vram_free_mib"] += device.free_mib
+            row["vram_free_mib"] += free_for_work(node, device)
             row["acu"] += device.fp.compute.acu
             row["unhealthy"] += device.verdict != "healthy"
     return [{"model": k, **v, "acu": round(v["acu"], 1)} for k, v in sorted(rows.items())]
@@ -144,6 +144,6 @@ def render(summary: dict[str, Any]) -> str:
             where = a["node"] + (f"/{a['device']}" if a["device"] is not None else "")
             what = a["verdict"] or a["kind"]
             lines.append(
-                f"  {a['severity']:<8} {a['source']:<6} {where:<32} {what}  {a['message'][:60]}"
+                f"  {a['severity']:<8} {a['source']:<6} {where:<32} {what}  {a['message']}"
             )
     return "\n".join(lines)

@@ -296,6 +296,12 @@ def booked(node: NodeView, doc: NodeReservations | None) -> NodeView:
     return copy
 
 
+def free_for_work(node: NodeView, device: DeviceView) -> int:
+    """VRAM a pod could still get on ``device``: none on a failed device or a
+    stale or failed node, however little is reserved there."""
+    return device.free_mib if node.schedulable and device.usable else 0
+
+
 def fleet_totals(nodes: Iterable[NodeView]) -> dict[str, float]:
     """Devices, VRAM and ACU totals over nodes (for ``hcs top``)."""
     totals = {"nodes": 0.0, "devices": 0.0, "vram_total_mib": 0.0, "vram_free_mib": 0.0}
@@ -305,7 +311,7 @@ def fleet_totals(nodes: Iterable[NodeView]) -> dict[str, float]:
         for device in node.devices.values():
             totals["devices"] += 1
             totals["vram_total_mib"] += device.fp.vram_total_mib
-            totals["vram_free_mib"] += device.free_mib
+            totals["vram_free_mib"] += free_for_work(node, device)
             totals["acu"] += device.fp.compute.acu
             totals["unhealthy_devices"] += device.verdict != "healthy"
     return totals

@@ -118,3 +118,13 @@ def test_a_report_naming_other_devices_rebuilds_the_node() -> None:
     assert {d.fp.model for d in state.nodes["n1"].devices.values()} == {"H100-SXM"}
     state.apply_fingerprint(fingerprint("n1", seq=3, devices=4, model="H100-SXM"), now=2)
     assert len(state.nodes["n1"].devices) == 4
+
+
+def test_a_failed_device_and_a_stale_node_count_no_free_vram_in_the_fleet_totals() -> None:
+    state = ClusterState()
+    state.apply_fingerprint(fingerprint("n1", devices=2), now=0)
+    state.apply_fingerprint(fingerprint("n2", devices=1), now=95)
+    state.apply_health(verdict("n1", 1, "failed"))
+    assert fleet_totals(state.nodes.values())["vram_free_mib"] == 3 * 81920 - 81920
+    state.mark_stale(now=100, stale_after_s=10)  # n1 silent for 100 s, n2 for 5 s
+    assert fleet_totals(state.nodes.values())["vram_free_mib"] == 81920
