@@ -31,9 +31,9 @@ from typing import Any
 
 import aiohttp
 import jsonpatch
-import msgspec
 
-from hcs_bus import checkpoint, identity, messages, subjects, vocabulary
+from hcs import alerts
+from hcs_bus import checkpoint, messages, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import (
@@ -255,16 +255,9 @@ class DemoJob:
             )
 
     async def _watch_evictions(self, evicted: asyncio.Event) -> Any:
-        decode = messages.decoder_for(HealthEvent).decode
-
         async def on_msg(msg: Any) -> None:
-            try:
-                event = decode(msg.data)
-            except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
-                return
-            if identity.refusal(msg.subject, event):
-                return  # e.g. an "evict" action not on the healer's subject
-            if self.attempts and _evicts(event, f"{NAMESPACE}/{self.attempts[-1].name}"):
+            event = alerts.decoded(msg.subject, msg.data)  # forged or undecodable: None
+            if event and self.attempts and _evicts(event, f"{NAMESPACE}/{self.attempts[-1].name}"):
                 evicted.set()
 
         return await self.bus.nc.subscribe(subjects.HEALTH_ALL, cb=on_msg)
