@@ -1,8 +1,14 @@
 """``hcs check``: the ledger (KV ``hcs_alloc``) against the pods' ``hcs.io/*``
 annotations, every inconsistency on one line (``scheduler.ledger``): a bound
 pod without a reservation, a reservation without its pod, a reservation on a
-node its pod is not bound to, an over-committed device. Exit status 1 when
-there is any, 0 when the two agree.
+node its pod is not bound to, an over-committed device; and the pledges
+against the pods (``scheduler.pledgecheck``): a pledge carried by a pod it
+is not for, a bound pod whose pledge is unspent, a spent pledge whose pod is
+gone, an unspent pledge the sweep should have dropped, a pod that spent two.
+Exit status 1 when there is any, 0 when the two agree.
+
+Pledges are read in both forms: ``pledges=<namespace>`` (a namespace's
+``NamespacePledges``) and ``pledges=<namespace>=<id>`` (one ``Pledge``).
 
 The ledger, the pods and the devices are read twice, ``settle_s`` apart, and
 only what both readings show is reported, so a bind or a release under way
@@ -12,8 +18,9 @@ while the check reads is not taken for a fault.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.errors import Error as NatsError
@@ -23,38 +30,68 @@ from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import BadMessage, BusUnavailable
 from hcs_bus.messages import DeviceFingerprint, NodeFingerprint, NodeReservations
-from scheduler import ledger
+from hcs_bus.settings import SchedulerSettings
+from scheduler import ledger, pledgecheck, pledges
 from scheduler.booking import Kube
+from scheduler.pledges import NamespacePledges, Pledge
 
 _DOC = messages.decoder_for(NodeReservations)
 _FP = messages.decoder_for(NodeFingerprint)
+_PLEDGES = messages.decoder_for(NamespacePledges)
+_PLEDGE = messages.decoder_for(Pledge)
+T = TypeVar("T")
+LIMITS = pledgecheck.Limits(ttl_s=SchedulerSettings().pledge_ttl_s)
 
 
-async def read_ledger(bus: Bus) -> dict[str, NodeReservations]:
-    """Every node's reservations document (node → document)."""
+async def _entries(bus: Bus, wanted: Callable[[str], bool]) -> list[tuple[str, bytes]]:
+    """(key, value) of the ``wanted`` keys of KV ``hcs_alloc`` that hold one."""
     kv = await bus.js.key_value(streams.KV_ALLOC)
     try:
         keys = await kv.keys()
     except NoKeysError:
-        return {}
+        return []
     except NatsError as exc:
         raise BusUnavailable(f"hcs: cannot list {streams.KV_ALLOC}: {exc!r}") from exc
-    out: dict[str, NodeReservations] = {}
+    out: list[tuple[str, bytes]] = []
     for key in keys:
-        if "=" in key:  # not a node: pledges (``scheduler.pledges``)
+        if not wanted(key):
             continue
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:
             continue
-        if not entry.value:
-            continue
-        try:
-            doc = _DOC.decode(entry.value)
-        except msgspec.MsgspecError as exc:
-            raise BadMessage(f"hcs: {streams.KV_ALLOC} key {key} is corrupt: {exc}") from exc
+        if entry.value:
+            out.append((key, entry.value))
+    return out
+
+
+async def read_ledger(bus: Bus) -> dict[str, NodeReservations]:
+    """Every node's reservations document (node → document)."""
+    out: dict[str, NodeReservations] = {}
+    for key, value in await _entries(bus, lambda k: "=" not in k):  # "=": pledges
+        doc = _decoded(_DOC, value, key=key)
         out[doc.node] = doc
     return out
+
+
+async def read_pledges(bus: Bus) -> dict[str, NamespacePledges]:
+    """Every namespace's pledges (namespace → document), from its
+    ``pledges=<namespace>`` document and its ``pledges=<namespace>=<id>`` keys."""
+    found: dict[str, list[Pledge]] = {}
+    for key, value in await _entries(bus, pledges.is_pledge_key):
+        namespace, _, pledge_id = key.removeprefix(pledges.KEY_PREFIX).partition("=")
+        if pledge_id:
+            found.setdefault(namespace, []).append(_decoded(_PLEDGE, value, key=key))
+        else:
+            found.setdefault(namespace, []).extend(_decoded(_PLEDGES, value, key=key).pledges)
+    return {ns: NamespacePledges(namespace=ns, pledges=tuple(held)) for ns, held in found.items()}
+
+
+def _decoded(decoder: messages.Decoder[T], value: bytes, *, key: str) -> T:
+    try:
+        return decoder.decode(value)
+    except msgspec.MsgspecError as exc:
+        raise BadMessage(f"hcs: {streams.KV_ALLOC} key {key} is corrupt: {exc}") from exc
 
 
 async def read_devices(bus: Bus, nodes: set[str]) -> dict[str, dict[int, DeviceFingerprint]]:
@@ -73,27 +110,45 @@ async def read_devices(bus: Bus, nodes: set[str]) -> dict[str, dict[int, DeviceF
     return out
 
 
-async def inconsistencies(bus: Bus, kube: Kube) -> list[ledger.Problem]:
-    """One reading: the ledger first, then the pods, then the devices."""
+async def inconsistencies(
+    bus: Bus,
+    kube: Kube,
+    *,
+    limits: pledgecheck.Limits = LIMITS,
+    clock: Callable[[], float] = time.time,
+) -> list[ledger.Problem]:
+    """One reading: the ledger first (reservations, then pledges, aged by
+    ``clock``: Unix seconds, as the pledges are stamped), then the pods,
+    then the devices."""
     docs = await read_ledger(bus)
+    pledged = await read_pledges(bus)
+    now = clock()
     pods_now = await kube.list_pods()
     nodes = set(docs) | {n for n in (ledger.node_of(p) for p in pods_now) if n}
     devices = await read_devices(bus, nodes)
-    return ledger.inconsistencies(docs=docs, pods_now=pods_now, devices=devices)
+    found = ledger.inconsistencies(docs=docs, pods_now=pods_now, devices=devices)
+    return found + pledgecheck.problems(docs=pledged, pods_now=pods_now, now=now, limits=limits)
 
 
-async def check(bus: Bus, kube: Kube, *, settle_s: float = 1.0) -> list[ledger.Problem]:
+async def check(
+    bus: Bus,
+    kube: Kube,
+    *,
+    settle_s: float = 1.0,
+    limits: pledgecheck.Limits = LIMITS,
+    clock: Callable[[], float] = time.time,
+) -> list[ledger.Problem]:
     """The inconsistencies that two readings ``settle_s`` apart both show."""
-    first = await inconsistencies(bus, kube)
+    first = await inconsistencies(bus, kube, limits=limits, clock=clock)
     if not first or settle_s <= 0:
         return first
     await asyncio.sleep(settle_s)
-    again = {_key(p) for p in await inconsistencies(bus, kube)}
+    again = {_key(p) for p in await inconsistencies(bus, kube, limits=limits, clock=clock)}
     return [p for p in first if _key(p) in again]
 
 
-def _key(problem: ledger.Problem) -> tuple[str, str, str]:
-    return problem.kind, problem.node, problem.pod
+def _key(problem: ledger.Problem) -> tuple[str, str, str, str]:
+    return problem.kind, problem.node, problem.pod, problem.pledge
 
 
 def render(problems: list[ledger.Problem]) -> str:
@@ -104,9 +159,15 @@ def render(problems: list[ledger.Problem]) -> str:
 
 
 async def run(
-    bus: Bus, kube: Kube, *, settle_s: float = 1.0, out: Callable[[str], Any] = print
+    bus: Bus,
+    kube: Kube,
+    *,
+    settle_s: float = 1.0,
+    limits: pledgecheck.Limits = LIMITS,
+    out: Callable[[str], Any] = print,
+    clock: Callable[[], float] = time.time,
 ) -> int:
     """``hcs check``: print every inconsistency; 1 when any, else 0."""
-    problems = await check(bus, kube, settle_s=settle_s)
+    problems = await check(bus, kube, settle_s=settle_s, limits=limits, clock=clock)
     out(render(problems))
     return 1 if problems else 0

@@ -39,6 +39,13 @@ ProblemKind = Literal[
     "reservation on another node",
     "device over-committed",
     "unreadable pod annotations",
+    # pledges (``scheduler.pledgecheck``)
+    "pledge of another pod",
+    "bound pod with unspent pledge",
+    "spent pledge without pod",
+    "expired pledge",
+    "orphaned pledge",
+    "pod spent two pledges",
 ]
 
 
@@ -58,13 +65,14 @@ class Claim:
 @dataclass(frozen=True, slots=True)
 class Problem:
     kind: ProblemKind
-    node: str
+    node: str  # "" for a pledge of no bound pod
     detail: str
     pod: str = ""  # namespace/name
+    pledge: str = ""  # the pledge id(s) it is about
 
     def line(self) -> str:
-        who = f" {self.pod}" if self.pod else ""
-        return f"{self.kind}: node {self.node}{who}: {self.detail}"
+        where = " ".join(w for w in (f"node {self.node}" if self.node else "", self.pod) if w)
+        return f"{self.kind}: {where}: {self.detail}"
 
 
 class BadClaim(ValueError):
