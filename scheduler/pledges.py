@@ -2,14 +2,23 @@
 beside the reservations. Pure: documents in, documents and verdicts out; no
 I/O, no clock (``now`` is passed in).
 
-A non-dry-run admission that is planned writes a *pledge* into its
-namespace's document (key ``pledges=<namespace>``, one token, never a node
-name: node names have no ``=``): the class (vendor/model), the size
-(devices × VRAM, ACU) and the pod it was made for (name, or generateName
-when the pod had no name yet). Plans count pledges with reservations (a
-burst spreads over the classes with room) and quota verdicts do too (a burst
-never passes a quota): the document is written with compare-and-set, so two
-replicas can never both promise the last share of a quota.
+A non-dry-run admission that is planned writes a *pledge*: the class
+(vendor/model), the size (devices × VRAM, ACU) and the pod it was made for
+(name, or generateName when the pod had no name yet). Plans count pledges
+with reservations (a burst spreads over the classes with room) and quota
+verdicts do too (a burst never passes a quota). Keys are one token with
+``=`` (node names have none):
+
+* a namespace **with a ComputeQuota** keeps its pledges in one document,
+  ``pledges=<namespace>``, written with compare-and-set: the serialization
+  point that keeps two replicas from both promising the last share of the
+  quota (the document is as large as the quota lets it be);
+* a namespace **without one** has nothing to serialize: each pledge is its
+  own key, ``pledges=<namespace>=<id>``, created once, spent with
+  compare-and-set on its own revision, deleted when done. A burst of a
+  thousand pods then writes a thousand small values, not a thousand
+  rewrites of a growing document (bench.burst: that rewrite and its
+  decoding in every replica's watch was a quarter of the scheduler's CPU).
 
 Life of a pledge::
 
@@ -120,16 +129,23 @@ class Spend:
 # ------------------------------------------------------------------ keys --
 
 
-def key_for(namespace: str) -> str:
-    return KEY_PREFIX + namespace
+def key_for(namespace: str, pledge_id: str = "") -> str:
+    """The namespace's document, or with ``pledge_id`` one pledge's own key."""
+    return KEY_PREFIX + namespace + (f"={pledge_id}" if pledge_id else "")
 
 
 def is_pledge_key(key: str) -> bool:
     return key.startswith(KEY_PREFIX)
 
 
+def parse_key(key: str) -> tuple[str, str]:
+    """(namespace, pledge id) of a pledge key; the id is "" for a document."""
+    namespace, _, pledge_id = key.removeprefix(KEY_PREFIX).partition("=")
+    return namespace, pledge_id
+
+
 def namespace_of(key: str) -> str:
-    return key.removeprefix(KEY_PREFIX)
+    return parse_key(key)[0]
 
 
 # -------------------------------------------------------------- counting --

@@ -74,7 +74,8 @@ class Planner:
         """The admission's plan: a non-dry-run one also makes its pledge."""
         if request.dry_run or self.pledger is None:
             return await self.plan(request)
-        return await self.pledger.place(request, self._plan)
+        quoted = await self.quotas.limits(request.namespace) is not None
+        return await self.pledger.place(request, self._plan, quoted=quoted)
 
     async def _plan(self, request: PlanRequest, summary: planning.Summary) -> Plan:
         quota = await self.quotas.limits(request.namespace)

@@ -229,3 +229,7 @@ def test_pledge_documents_never_look_like_node_keys() -> None:
     key = pledges.key_for("ml-team")
     assert pledges.is_pledge_key(key) and "=" in key and "." not in key
     assert pledges.namespace_of(key) == "ml-team"
+    own = pledges.key_for("ml-team", "0a1b")
+    assert own == "pledges=ml-team=0a1b" and "." not in own
+    assert pledges.parse_key(own) == ("ml-team", "0a1b")
+    assert pledges.parse_key(key) == ("ml-team", "")

@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
+import pytest
+from nats.js.errors import NoKeysError
+
 from hcs_bus import streams
 from hcs_bus.bus import Bus, connect
 from hcs_bus.messages import PlanRequest, PodRef, Policy, Requests
@@ -53,9 +57,27 @@ def _pod(name: str, *, pledge: str, uid: str | None = None) -> PodInfo:
 async def _doc(bus: Bus) -> pledges.NamespacePledges | None:
     kv = await bus.js.key_value(streams.KV_ALLOC)
     entry = await kv.get(pledges.key_for("ml"))
-    import msgspec
-
     return msgspec.json.decode(entry.value or b"", type=pledges.NamespacePledges)
+
+
+async def _stored(bus: Bus) -> list[pledges.Pledge]:
+    """Every pledge of namespace ml in KV: its document's and its own keys'."""
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    out: list[pledges.Pledge] = []
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return out
+    for key in keys:
+        ns, pledge_id = pledges.parse_key(key)
+        if not pledges.is_pledge_key(key) or ns != "ml":
+            continue
+        value = (await kv.get(key)).value or b""
+        if pledge_id:
+            out.append(msgspec.json.decode(value, type=pledges.Pledge))
+        elif value:
+            out.extend(msgspec.json.decode(value, type=pledges.NamespacePledges).pledges)
+    return out
 
 
 async def test_twenty_plans_at_once_on_two_replicas_pledge_exactly_the_quota(
@@ -148,8 +170,9 @@ async def test_a_pod_deleted_before_bind_gives_its_pledge_back(
     assert again.ok, again.reason
 
 
+@pytest.mark.parametrize("quoted", [True, False], ids=["document", "own-keys"])
 async def test_pledges_never_bound_expire_and_spent_ones_go_once_their_reservation_is_seen(
-    bus: Bus,
+    bus: Bus, quoted: bool
 ) -> None:
     kv = await bus.js.key_value(streams.KV_ALLOC)
     now = [1000.0]
@@ -165,8 +188,9 @@ async def test_pledges_never_bound_expire_and_spent_ones_go_once_their_reservati
 
         return Plan(ok=True, vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=1)
 
-    a = await book.place(_request(1), plan)  # type: ignore[arg-type]
-    b = await book.place(_request(2), plan)  # type: ignore[arg-type]
+    a = await book.place(_request(1), plan, quoted=quoted)  # type: ignore[arg-type]
+    b = await book.place(_request(2), plan, quoted=quoted)  # type: ignore[arg-type]
+    assert {p.id for p in await _stored(bus)} == {a.pledge, b.pledge}
     error, spent = await book.spend(
         PodRef(namespace="ml", name="p2", uid="u2"), b.pledge, sizing=WHOLE, quota=None
     )
@@ -177,8 +201,7 @@ async def test_pledges_never_bound_expire_and_spent_ones_go_once_their_reservati
     assert await book.sweep() == 1  # p2 done
     now[0] += 31.0
     assert await book.sweep() == 1  # p1 expired
-    doc = await _doc(bus)
-    assert doc is not None and doc.pledges == ()
+    assert await _stored(bus) == []
     assert a.pledge != b.pledge
 
 
@@ -217,7 +240,10 @@ async def test_compute_quota_status_used_counts_reservations_and_pledges(
     assert await writer.write() == 0  # unchanged: not written again
 
 
-async def test_a_pledge_no_pod_carries_is_dropped_as_an_orphan_once_old_enough(bus: Bus) -> None:
+@pytest.mark.parametrize("quoted", [True, False], ids=["document", "own-keys"])
+async def test_a_pledge_no_pod_carries_is_dropped_as_an_orphan_once_old_enough(
+    bus: Bus, quoted: bool
+) -> None:
     """The admission was answered but the pod never came to be (another
     webhook refused it): nothing would spend its pledge before the TTL."""
     kv = await bus.js.key_value(streams.KV_ALLOC)
@@ -240,12 +266,47 @@ async def test_a_pledge_no_pod_carries_is_dropped_as_an_orphan_once_old_enough(b
 
         return Plan(ok=True, vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=1)
 
-    kept = await book.place(_request(1), plan)  # type: ignore[arg-type]
-    lost = await book.place(_request(2), plan)  # type: ignore[arg-type]
+    kept = await book.place(_request(1), plan, quoted=quoted)  # type: ignore[arg-type]
+    lost = await book.place(_request(2), plan, quoted=quoted)  # type: ignore[arg-type]
     carried.append(kept.pledge)
     assert await book.sweep() == 0  # too young to tell
     now[0] += 31.0
     assert await book.sweep() == 1
-    doc = await _doc(bus)
-    assert doc is not None and [p.id for p in doc.pledges] == [kept.pledge]
+    assert [p.id for p in await _stored(bus)] == [kept.pledge]
     assert lost.pledge != kept.pledge
+
+
+async def test_without_a_quota_each_pledge_is_its_own_key_a_burst_spreads_and_a_copy_is_refused(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    """No quota to serialize against: a burst writes one small key per pledge
+    (never a growing document), still counted by the next plan at once."""
+    await publish_fleet(
+        bus, node_fp("gpu-0", count=2), node_fp("gpu-1", "nvidia/H100-SXM", count=2)
+    )
+    sched = await start_scheduler(bus, http=False)
+    await until(lambda: len(sched.view.state.nodes) == 2)
+    plans = await asyncio.gather(*(sched.planner.place(_request(i)) for i in range(5)))
+    ok = [p for p in plans if p.ok]
+    placed = [p for p in ok if "waits for devices" not in p.reason]
+    assert sorted(p.model for p in placed) == ["A100-80G", "A100-80G", "H100-SXM", "H100-SXM"]
+    assert len(ok) == 5 and "waits for devices" in plans[4].reason  # every device pledged
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    keys = [k for k in await kv.keys() if pledges.is_pledge_key(k)]
+    assert sorted(keys) == sorted(pledges.key_for("ml", p.pledge) for p in ok)
+    assert {p.id for p in await _stored(bus)} == {p.pledge for p in ok}
+    pledger = sched.planner.pledger
+    assert pledger is not None
+    first, second = ok[0], ok[1]
+    p1 = PodRef(namespace="ml", name="p0", uid="u1")
+    assert await pledger.spend(p1, first.pledge, sizing=WHOLE, quota=None) == ("", first.pledge)
+    assert await pledger.spend(p1, first.pledge, sizing=WHOLE, quota=None) == ("", first.pledge)
+    # another pod presenting p1's pledge: not spent again (no quota: bind's CAS decides)
+    copy = PodRef(namespace="ml", name="intruder", uid="u9")
+    assert await pledger.spend(copy, first.pledge, sizing=WHOLE, quota=None) == ("", "")
+    held = {p.id: p for p in await _stored(bus)}
+    assert held[first.pledge].uid == "u1" and held[first.pledge].pod == p1.name
+    # the pod of the second plan deleted before bind: its key goes
+    assert await pledger.release("ml", second.pledge, reason="pod deleted")
+    assert second.pledge not in {p.id for p in await _stored(bus)}
+    assert pledger.by_namespace(fresh=True)["ml"][1] == 4
