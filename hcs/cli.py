@@ -397,13 +397,14 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _check(bus: Bus, settings: Settings, *, settle_s: float) -> int:
     from hcs_bus import kube as kube_mod
-    from scheduler import checking
+    from scheduler import checking, pledgecheck
 
     kube = await kube_mod.connect(settings.kube)
     if kube is None:
         raise ConfigError("hcs check needs a cluster: set KUBECONFIG or run in-cluster")
     try:
-        return await checking.run(bus, kube, settle_s=settle_s)
+        limits = pledgecheck.Limits(ttl_s=settings.scheduler.pledge_ttl_s)
+        return await checking.run(bus, kube, settle_s=settle_s, limits=limits)
     finally:
         await kube.close()
 

@@ -79,7 +79,7 @@ async def read_pledges(bus: Bus) -> dict[str, NamespacePledges]:
     ``pledges=<namespace>`` document and its ``pledges=<namespace>=<id>`` keys."""
     found: dict[str, list[Pledge]] = {}
     for key, value in await _entries(bus, pledges.is_pledge_key):
-        namespace, _, pledge_id = key.removeprefix(pledges.KEY_PREFIX).partition("=")
+        namespace, pledge_id = pledges.parse_key(key)
         if pledge_id:
             found.setdefault(namespace, []).append(_decoded(_PLEDGE, value, key=key))
         else:
