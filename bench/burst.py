@@ -1,4 +1,4 @@
-"""Burst benchmark on a real cluster: ``python -m bench.burst [--pods N] [--nodes N]``.
+"""Burst benchmark on a real cluster: ``python -m bench.burst [--pods N] [--nodes N] [--mix]``.
 
 A real control plane with ``--nodes`` hollow kubelets (``HCS_KUBE_BIN``, see
 tests/e2e), the HCS parts as ``hcs up`` starts them and the project's
@@ -9,14 +9,21 @@ once (``--workers`` concurrent clients), through the same kube-scheduler:
   resource every node advertises; kube-scheduler never calls the extender
   (``managedResources``), the webhook passes the pod through — the baseline;
 * hcs: each pod requests ``ai.compute/vram`` (vendor-neutral); the webhook
-  plans it, the extender filters, ranks and binds it.
+  plans it, the extender filters, ranks and binds it;
+* with ``--mix`` the HCS burst is ``hcs-mix``: VRAM slices of three sizes,
+  FP16 TFLOPS, ACU, whole devices and pods pinned to a vendor or a model, each
+  kind a share of the pods (``bench.mixes``). Before it, the mix's demand is
+  printed against the fleet (packed offline with the planner's sizing).
 
 Printed per burst: pods/s (create of the first → Running of the last),
 create→Running p50/p99, pods still Pending when the burst settles with their
-reasons, devices double-booked (from the pods' ``hcs.io/*`` annotations
-against the agents' fingerprints) and the CPU seconds of each HCS process.
-Target: hcs pods/s ≥ 0.8 × plain, 0 double-booked, 0 Pending while capacity
-exists.
+reasons, devices over-committed (from the pods' ``hcs.io/*`` annotations
+against the agents' fingerprints), for the HCS burst the Pending pods for
+which a class their policy allows still had room at the end (read from the
+fingerprints and the ledger, as the scheduler's view holds them), and the
+CPU seconds of each HCS process and of each Kubernetes process (the hollow
+kubelets summed) and nats-server. Target: hcs pods/s ≥ 0.8 × plain,
+0 over-committed, 0 Pending while an allowed class has room.
 """
 
 from __future__ import annotations
@@ -37,8 +44,13 @@ from typing import Any
 
 import yaml
 
+from bench import mixes
+from bench.mixes import Kind
+from hcs_bus import profiles
 from hcs_bus.settings import TelemetrySettings
 from hcs_bus.telemetry import configure
+from scheduler import planning
+from scheduler.viewing import ClusterView
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.cluster import Cluster, find_binaries
 from tests.e2e.stack import Stack
@@ -114,11 +126,16 @@ class Watcher(threading.Thread):
             conn.close()
 
 
-def _pod(name: str, requests: dict[str, str]) -> dict[str, Any]:
+def _pod(name: str, kind: Kind) -> dict[str, Any]:
+    requests = dict(kind.requests)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": {"bench": "burst"}},
+        "metadata": {
+            "name": name,
+            "labels": {"bench": "burst"},
+            "annotations": dict(kind.annotations),
+        },
         "spec": {
             "schedulerName": "hcs-scheduler",
             "terminationGracePeriodSeconds": 0,
@@ -142,27 +159,48 @@ def cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / TICKS
 
 
+def processes(cluster: Cluster, stack: Stack) -> dict[str, tuple[str, list[int]]]:
+    """Name → (group "hcs" or "kube", pids): each HCS part, each control-plane
+    process, the hollow kubelets as one, nats-server."""
+    found: dict[str, tuple[str, list[int]]] = {
+        name: ("hcs", [p.popen.pid]) for name, p in stack.parts.items()
+    }
+    for p in cluster.processes:
+        name = "kubelets" if p.name.startswith("kubelet-") else p.name
+        found.setdefault(name, ("kube", []))[1].append(p.popen.pid)
+    if stack.nats.process is not None:
+        found["nats-server"] = ("kube", [stack.nats.process.pid])
+    return found
+
+
+def cpu_now(cluster: Cluster, stack: Stack) -> dict[str, tuple[str, float]]:
+    return {
+        name: (group, sum(cpu_s(pid) for pid in pids))
+        for name, (group, pids) in processes(cluster, stack).items()
+    }
+
+
 def burst(
     cluster: Cluster,
     stack: Stack,
     *,
     label: str,
-    requests: dict[str, str],
-    pods: int,
+    kinds: list[Kind],
     workers: int,
     settle_s: float,
 ) -> dict[str, Any]:
+    pods = len(kinds)
     namespace = cluster.namespace(f"burst-{label}")
     watcher = Watcher(cluster, namespace)
     watcher.start()
-    cpu_before = {n: cpu_s(p.popen.pid) for n, p in stack.parts.items()}
+    cpu_before = cpu_now(cluster, stack)
     created_at: dict[str, float] = {}
     errors: list[str] = []
 
     def create(i: int) -> None:
         name = f"{label}-{i:04d}"
         try:
-            cluster.api.create(_pod(name, requests), namespace=namespace)
+            cluster.api.create(_pod(name, kinds[i]), namespace=namespace)
             created_at[name] = time.monotonic()
         except ApiError as exc:
             errors.append(f"{name}: {exc}")
@@ -179,7 +217,10 @@ def burst(
             break
         time.sleep(0.25)
     watcher.stopping = True
-    cpu = {n: cpu_s(p.popen.pid) - cpu_before.get(n, 0.0) for n, p in stack.parts.items()}
+    cpu = {
+        n: (group, s - cpu_before.get(n, (group, 0.0))[1])
+        for n, (group, s) in cpu_now(cluster, stack).items()
+    }
     items = cluster.api.items(f"/api/v1/namespaces/{namespace}/pods")
     latencies = sorted(
         watcher.running_at[n] - created_at[n] for n in watcher.running_at if n in created_at
@@ -198,9 +239,10 @@ def burst(
         "pending_reasons": _reasons(pending),
         "create_errors": errors[:5],
         "create_error_count": len(errors),
-        "double_booked": double_booked(stack, items) if label == "hcs" else [],
+        "double_booked": double_booked(stack, items) if label != "plain" else [],
         "cpu_s": cpu,
         "namespace": namespace,
+        "room": room_left(stack, pending, kinds=kinds, label=label) if label != "plain" else None,
     }
 
 
@@ -254,6 +296,86 @@ def double_booked(stack: Stack, pods: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def fleet_summary(stack: Stack) -> planning.Summary:
+    """Every class's devices, free VRAM and idle devices as the scheduler's
+    view holds them (fingerprints and the ledger's reservations)."""
+
+    async def read(bus: Any) -> planning.Summary:
+        view = ClusterView(bus, settings=stack.settings.scheduler)
+        await view.start()
+        try:
+            await view.wait_ready(timeout_s=30)
+            return planning.summarise(view.state.nodes.values())
+        finally:
+            await view.stop()
+
+    return stack.on_bus(read)
+
+
+def room_left(
+    stack: Stack, pending: list[dict[str, Any]], *, kinds: list[Kind], label: str
+) -> dict[str, Any]:
+    """For the pods left unbound: which had room in a class their policy
+    allows (and in the class their plan named), by kind; each class's room."""
+    summary = fleet_summary(stack)
+    db = profiles.load()
+    unbound = [p for p in pending if not p.get("spec", {}).get("nodeName")]
+    with_room: collections.Counter[str] = collections.Counter()
+    planned_room = 0
+    examples: list[str] = []
+    for pod in unbound:
+        name = pod["metadata"]["name"]
+        kind = kinds[int(name.removeprefix(f"{label}-"))].name
+        rooms = mixes.with_room(pod, summary, db)
+        if not rooms:
+            continue
+        with_room[kind] += 1
+        planned = mixes.planned_class(pod)
+        planned_room += planned in rooms
+        if len(examples) < 5:
+            examples.append(
+                f"{name} ({kind}, planned {planned or '-'}): room in {', '.join(rooms)}"
+            )
+    classes = [
+        f"{key}: {s.free_mib / 1024:,.0f}/{s.devices * s.vram_mib / 1024:,.0f} GiB free, "
+        f"{s.idle_devices}/{s.devices} devices idle"
+        for key, s in sorted(summary.classes.items())
+    ]
+    stranded = sum(
+        any(c.get("type") == "HCSStranded" for c in p.get("status", {}).get("conditions") or [])
+        for p in unbound
+    )
+    return {
+        "unbound": len(unbound),
+        "stranded": stranded,
+        "while_room": sum(with_room.values()),
+        "planned_room": planned_room,
+        "by_kind": dict(with_room),
+        "examples": examples,
+        "classes": classes,
+    }
+
+
+def print_mix(kinds: list[Kind], *, nodes: list[str], fleet: Path) -> None:
+    """The mix's kinds, their sizes per class and the offline fit on the fleet."""
+    doc = yaml.safe_load(fleet.read_text())
+    models = [n["devices"]["model"] for n in doc["nodes"]]
+    per_node = doc["nodes"][0]["devices"]["count"]
+    fit = mixes.fit(kinds, models=models, per_node=per_node, profiles=profiles.load())
+    print(f"mix of {len(kinds)} pods on {len(nodes)} nodes × {per_node} devices:")
+    for name, (count, sizes) in fit.by_kind.items():
+        print(f"  {count:>5} × {name:<28} {sizes}")
+    print(
+        f"  packed first-fit in the planner's class order: {sum(fit.placed.values())} placed, "
+        f"{sum(fit.unplaced.values())} not; VRAM committed {fit.vram_mib / 1024:,.0f} of "
+        f"{fit.vram_total_mib / 1024:,.0f} GiB ({fit.vram_mib / max(fit.vram_total_mib, 1):.0%}), "
+        f"{fit.whole_devices} of {fit.devices} devices whole"
+    )
+    print("  per class: " + ", ".join(f"{k} {n}" for k, n in sorted(fit.placed.items())))
+    if fit.unplaced:
+        print(f"  WARNING: the fleet cannot hold the mix: {dict(fit.unplaced)}", flush=True)
+
+
 def advertise_plain(cluster: Cluster, names: list[str], *, per_node: int) -> None:
     for name in names:
         ops = [
@@ -291,31 +413,52 @@ def wait_labelled(cluster: Cluster, names: list[str]) -> None:
 def report(results: list[dict[str, Any]]) -> None:
     print()
     print(
-        f"{'burst':<6} {'pods':>5} {'running':>8} {'pods/s':>8} {'p50 s':>7} {'p99 s':>7} {'pending':>8} {'double':>7} {'create s':>9}"
+        f"{'burst':<8} {'pods':>5} {'running':>8} {'pods/s':>8} {'p50 s':>7} {'p99 s':>7} "
+        f"{'pending':>8} {'over':>5} {'create s':>9}"
     )
     for r in results:
         print(
-            f"{r['label']:<6} {r['pods']:>5} {r['running']:>8} {r['pods_per_s']:>8.1f} "
-            f"{r['p50_s']:>7.2f} {r['p99_s']:>7.2f} {r['pending']:>8} {len(r['double_booked']):>7} "
+            f"{r['label']:<8} {r['pods']:>5} {r['running']:>8} {r['pods_per_s']:>8.1f} "
+            f"{r['p50_s']:>7.2f} {r['p99_s']:>7.2f} {r['pending']:>8} {len(r['double_booked']):>5} "
             f"{r['created_s']:>9.1f}"
         )
     plain, hcs = results[0], results[1]
     ratio = hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else float("nan")
-    print(f"\nratio hcs/plain pods/s: {ratio:.2f} (target >= 0.8)")
+    print(f"\nratio {hcs['label']}/plain pods/s: {ratio:.2f} (target >= 0.8)")
     for r in results:
         for count, why in r["pending_reasons"]:
             print(f"  {r['label']} pending x{count}: {why}")
         for line in r["double_booked"][:10]:
-            print(f"  {r['label']} double-booked: {line}")
+            print(f"  {r['label']} over-committed: {line}")
         if r["create_error_count"]:
             print(
                 f"  {r['label']} create errors: {r['create_error_count']}, e.g. {r['create_errors'][:2]}"
             )
-    print("\nCPU seconds of each HCS process during each burst:")
     for r in results:
-        print(
-            f"  {r['label']}: " + ", ".join(f"{n} {s:.1f}" for n, s in sorted(r["cpu_s"].items()))
-        )
+        if r["room"] is not None:
+            report_room(r["label"], r["room"])
+    print("\nCPU seconds during each burst:")
+    for r in results:
+        for group in ("hcs", "kube"):
+            parts = sorted((n, s) for n, (g, s) in r["cpu_s"].items() if g == group)
+            total = sum(s for _, s in parts)
+            print(
+                f"  {r['label']:<8} {group:<4} {total:>7.1f} = "
+                + ", ".join(f"{n} {s:.1f}" for n, s in parts)
+            )
+
+
+def report_room(label: str, room: dict[str, Any]) -> None:
+    print(
+        f"\n{label}: {room['unbound']} pods unbound at the end; pending while an allowed class "
+        f"had room: {room['while_room']} (target 0; {room['planned_room']} of them in their "
+        f"planned class; {room['stranded']} marked HCSStranded)"
+    )
+    for kind, count in sorted(room["by_kind"].items()):
+        print(f"  pending with room x{count}: {kind}")
+    for line in room["examples"]:
+        print(f"  e.g. {line}")
+    print("  room at the end: " + "; ".join(room["classes"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--workers", type=int, default=50, help="concurrent create clients")
     parser.add_argument("--vram", default="16Gi", help="ai.compute/vram per HCS pod")
+    parser.add_argument(
+        "--mix", action="store_true", help="the HCS burst asks for a mix of requests (bench.mixes)"
+    )
     parser.add_argument(
         "--settle-s", type=float, default=30.0, help="stop when no pod starts for this long"
     )
@@ -341,6 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         fleet = fleet_file(args.nodes, root)
         names = [n["name"] for n in yaml.safe_load(fleet.read_text())["nodes"]]
+        if args.mix:
+            hcs_kinds, hcs_label = mixes.kinds_for(args.pods), "hcs-mix"
+            print_mix(hcs_kinds, nodes=names, fleet=fleet)
+        else:
+            hcs_kinds = [Kind("vram", 100, {"ai.compute/vram": args.vram})] * args.pods
+            hcs_label = "hcs"
         t0 = time.monotonic()
         cluster.add_nodes(names)
         print(f"{len(names)} hollow nodes Ready in {time.monotonic() - t0:.1f} s", flush=True)
@@ -348,12 +500,21 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         wait_labelled(cluster, names)
         advertise_plain(cluster, names, per_node=-(-args.pods // len(names)) + 2)
-        common = {"pods": args.pods, "workers": args.workers, "settle_s": args.settle_s}
-        results = [burst(cluster, stack, label="plain", requests={PLAIN: "1"}, **common)]
-        clear(cluster, results[0]["namespace"])
-        results.append(
-            burst(cluster, stack, label="hcs", requests={"ai.compute/vram": args.vram}, **common)
-        )
+        plain = [Kind("plain", 100, {PLAIN: "1"})] * args.pods
+        results: list[dict[str, Any]] = []
+        for label, kinds in (("plain", plain), (hcs_label, hcs_kinds)):
+            if results:
+                clear(cluster, results[-1]["namespace"])
+            results.append(
+                burst(
+                    cluster,
+                    stack,
+                    label=label,
+                    kinds=kinds,
+                    workers=args.workers,
+                    settle_s=args.settle_s,
+                )
+            )
         report(results)
     finally:
         if stack is not None:
