@@ -72,6 +72,8 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "evict_pod": (ApiCall("", "pods/eviction", ("create",)),),
     "bind_pod": (ApiCall("", "pods/binding", ("create",)),),
     "get_pod": (ApiCall("", "pods", ("get",)),),
+    "delete_pod": (ApiCall("", "pods", ("delete",)),),
+    "create_pod": (ApiCall("", "pods", ("create",)),),
     "list_pods": (ApiCall("", "pods", ("list",)),),
     "watch_pods": (ApiCall("", "pods", ("list", "watch")),),
     "patch_pod_annotations": (ApiCall("", "pods", ("patch",)),),
@@ -284,6 +286,33 @@ class Kube:
             namespace,
             body,
             **extra,
+        )
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """DELETE that incarnation of the pod (``uid``), and only while it is
+        still at ``resource_version`` when one is given: KubeConflict (409)
+        otherwise, KubeNotFound when it is gone."""
+        preconditions = {"uid": uid}
+        if resource_version:
+            preconditions["resourceVersion"] = resource_version
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
+        return await self._call(
+            f"delete pod {namespace}/{name}",
+            self._core.delete_namespaced_pod,
+            name,
+            namespace,
+            body=body,
+        )
+
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a pod (admitted like any other); KubeConflict when the name is taken."""
+        return await self._call(
+            f"create pod {namespace}/{body.get('metadata', {}).get('name', '')}",
+            self._core.create_namespaced_pod,
+            namespace,
+            body,
         )
 
     async def bind_pod(

@@ -53,6 +53,8 @@ REBIND: Final = "hcs.io/rebind"
 ENGINE: Final = "hcs.io/engine"
 FRAMEWORK: Final = "hcs.io/framework"
 CODE_PATH: Final = "hcs.io/code-path"
+REPLAN: Final = "hcs.io/replan"  # "recreate": a stranded bare pod is deleted and created again
+REPLAN_RECREATE: Final = "recreate"
 ENGINE_PARAM_PREFIX: Final = "hcs.io/engine-"
 
 # -- pod annotations: written by HCS only --------------------------------------
@@ -68,6 +70,7 @@ COLLECTIVE_INTRA_PCIE: Final = "hcs.io/collective-intra-pcie"
 COLLECTIVE_INTRA_ROCE: Final = "hcs.io/collective-intra-roce"
 WAKE: Final = "hcs.io/wake"  # changed by the scheduler so kube-scheduler retries a parked pod
 TRACEPARENT: Final = "hcs.io/traceparent"  # W3C trace of the admission; the bind continues it
+SUBMITTED: Final = "hcs.io/submitted"  # the pod as submitted, kept for hcs.io/replan: recreate
 
 # -- node labels and taints ------------------------------------------------------
 VENDOR_LABEL: Final = "hcs.io/vendor"

@@ -24,7 +24,16 @@ from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import InjectorSettings
 from hcs_bus.telemetry import current_traceparent, logger, span
-from injector import demands, fitting, guarding, mutating, plans, rebinding, reviews
+from injector import (
+    demands,
+    fitting,
+    guarding,
+    mutating,
+    originals,
+    plans,
+    rebinding,
+    reviews,
+)
 from injector.demands import Demand, PodError
 from injector.guarding import PLAN
 from injector.mutating import Context
@@ -108,6 +117,8 @@ class Admitter:
         if not trusted:
             own = {guarding.PLAN, guarding.PLAN_SIG, guarding.PLEDGE, vocabulary.TRACEPARENT}
             own = own if note else set()
+            if note and self._own_copy(request, annotations, pod):
+                own.add(originals.SUBMITTED)
             foreign = [k for k in guarding.reserved(annotations) if k not in own]
             if foreign:
                 _log.warning(
@@ -144,6 +155,7 @@ class Admitter:
         traceparent = current_traceparent()  # the bind continues this trace
         if traceparent and vocabulary.TRACEPARENT not in annotations:  # kept on reinvocation
             values[vocabulary.TRACEPARENT] = traceparent
+        warnings += self._keep_submitted(request, annotations, pod, values)
         mutation = mutating.mutate(
             pod, demand=demand, note=note, plan_annotations=values, choice=choice, ctx=self.ctx
         )
@@ -157,6 +169,34 @@ class Admitter:
             dry_run=bool(request.dry_run),
         )
         return reviews.allow(uid, ops=mutation.ops, warnings=warnings + mutation.warnings)
+
+    def _own_copy(self, request: Request, annotations: dict[str, str], pod: dict[str, Any]) -> bool:
+        """The pod's ``hcs.io/submitted`` is one this injector made for it (reinvocation)."""
+        return originals.verified(
+            annotations, namespace=request.namespace, name=_identity(pod), keys=self.keys()
+        )
+
+    def _keep_submitted(
+        self,
+        request: Request,
+        annotations: dict[str, str],
+        pod: dict[str, Any],
+        values: dict[str, str],
+    ) -> list[str]:
+        """Add ``hcs.io/submitted`` to ``values`` for a pod that asks to be
+        re-created (not again on reinvocation); warnings."""
+        if not originals.wanted(annotations) or originals.SUBMITTED in annotations:
+            return []
+        kept = originals.record(
+            pod, namespace=request.namespace, name=_identity(pod), key=self.keys()[0]
+        )
+        if kept is None:
+            return [
+                f"hcs: the pod is too large to keep a copy for re-creation "
+                f"({vocabulary.REPLAN}: {vocabulary.REPLAN_RECREATE} is ignored)"
+            ]
+        values[originals.SUBMITTED] = kept
+        return []
 
     def _own_note(
         self,

@@ -26,6 +26,7 @@ USER_ANNOTATIONS: Final = frozenset(
         vocabulary.ENGINE,
         vocabulary.FRAMEWORK,
         vocabulary.CODE_PATH,
+        vocabulary.REPLAN,
     }
 )
 USER_PREFIXES: Final = (vocabulary.ENGINE_PARAM_PREFIX,)

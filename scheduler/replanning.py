@@ -11,7 +11,10 @@ vendor/model class was fixed at admission (a required node affinity), so:
   that has held for ``replan_after_s`` without a break, the pod is re-planned:
   one with a controller (ReplicaSet, Job, StatefulSet, …) is evicted so its
   owner re-creates it and the new pod is admitted afresh; a bare pod gets an
-  Event and the ``HCSStranded`` condition (nothing re-creates it for us).
+  Event and the ``HCSStranded`` condition (nothing re-creates it for us),
+  unless it asks for ``hcs.io/replan: recreate``: then it is deleted and
+  created again from the copy the injector kept of it as submitted
+  (``hcs.io/submitted``; ``recreation`` builds the new pod).
 - **parked**: kube-scheduler keeps a pod whose extender call failed in its
   unschedulable queue until a pod or node update event or a 5-minute flush.
   After the scheduler becomes ready, and whenever a class gains free
@@ -21,17 +24,20 @@ vendor/model class was fixed at admission (a required node affinity), so:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hcs_bus import vocabulary
 from hcs_bus.messages import Plan, PlanRequest, PodRef, Policy, Requests
 from scheduler import planning
 from scheduler.pods import BadPod, PlanAnnotation, pod_info_from_dict
 
 CONDITION = "HCSStranded"
 EVENT_REASON = "HCSStranded"
-Action = Literal["evict", "report"]
+FAILED_REASON = "HCSRecreateFailed"
+Action = Literal["evict", "recreate", "report"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,7 @@ class Pending:
     requests: Requests | None
     policy: Policy
     owner: str | None  # "ReplicaSet/web-5d8f" for a pod with a controller
+    recreate: bool = False  # asks for hcs.io/replan: recreate and has its copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +60,9 @@ class Stranded:
 
     @property
     def action(self) -> Action:
-        return "evict" if self.pod.owner else "report"
+        if self.pod.owner:
+            return "evict"
+        return "recreate" if self.pod.recreate else "report"
 
 
 def pending(pod: dict[str, Any], *, scheduler_name: str) -> Pending | None:
@@ -78,7 +87,41 @@ def pending(pod: dict[str, Any], *, scheduler_name: str) -> Pending | None:
         requests=info.requests,
         policy=info.policy,
         owner=controller(meta),
+        recreate=recreatable(meta),
     )
+
+
+def recreatable(meta: dict[str, Any]) -> bool:
+    """The pod asks to be re-created when stranded and carries its copy."""
+    notes = meta.get("annotations") or {}
+    return (
+        notes.get(vocabulary.REPLAN) == vocabulary.REPLAN_RECREATE and vocabulary.SUBMITTED in notes
+    )
+
+
+def recreation(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod to create in place of ``pod``, as its user submitted it: name,
+    namespace and labels of ``pod``; its annotations less every ``hcs.io/*``
+    one, plus the user's ``hcs.io/*`` ones as submitted; the submitted spec.
+    None when ``pod`` holds no readable copy."""
+    meta = pod.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    try:
+        kept = json.loads(notes.get(vocabulary.SUBMITTED) or "null")
+    except ValueError:
+        return None
+    if not isinstance(kept, dict) or not isinstance(kept.get("spec"), dict):
+        return None
+    own = kept.get("annotations")
+    annotations = {k: v for k, v in notes.items() if not k.startswith(vocabulary.PREFIX)}
+    if isinstance(own, dict):
+        annotations |= {k: str(v) for k, v in own.items() if str(k).startswith(vocabulary.PREFIX)}
+    new_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace")}
+    if meta.get("labels"):
+        new_meta["labels"] = dict(meta["labels"])
+    if annotations:
+        new_meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": new_meta, "spec": kept["spec"]}
 
 
 def controller(meta: dict[str, Any]) -> str | None:
@@ -241,15 +284,43 @@ def condition(item: Stranded, *, now_iso: str) -> dict[str, Any]:
 def event(item: Stranded, *, now_iso: str, reporter: str) -> dict[str, Any]:
     """A core/v1 Event on the pod, named so two replicas write it once."""
     ref = item.pod.ref
-    action = (
-        f"evicted so {item.pod.owner} re-creates it and it is planned afresh"
-        if item.action == "evict"
-        else "a bare pod: delete and re-create it to be planned again"
+    action = {
+        "evict": f"evicted so {item.pod.owner} re-creates it and it is planned afresh",
+        "recreate": (
+            f"deleted and created again as submitted ({vocabulary.REPLAN}: "
+            f"{vocabulary.REPLAN_RECREATE}) so it is planned afresh"
+        ),
+        "report": "a bare pod: delete and re-create it to be planned again",
+    }[item.action]
+    return _event(
+        ref,
+        reason=EVENT_REASON,
+        message=f"{item.reason}: {action}",
+        now_iso=now_iso,
+        reporter=reporter,
+        name=event_name(ref),
     )
+
+
+def failed_event(ref: PodRef, *, error: str, now_iso: str, reporter: str) -> dict[str, Any]:
+    """A core/v1 Event on the deleted pod: its copy could not be created."""
+    message = (
+        f"deleted to be re-created as submitted, but creating it again failed: {error}; "
+        "the pod as submitted is in the hcs-scheduler log (event pod_recreating)"
+    )
+    name = f"{ref.name}.hcs-recreate-failed.{(ref.uid or 'pod')[:8]}"
+    return _event(
+        ref, reason=FAILED_REASON, message=message, now_iso=now_iso, reporter=reporter, name=name
+    )
+
+
+def _event(
+    ref: PodRef, *, reason: str, message: str, now_iso: str, reporter: str, name: str
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": event_name(ref), "namespace": ref.namespace},
+        "metadata": {"name": name, "namespace": ref.namespace},
         "involvedObject": {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -258,8 +329,8 @@ def event(item: Stranded, *, now_iso: str, reporter: str) -> dict[str, Any]:
             "uid": ref.uid,
         },
         "type": "Warning",
-        "reason": EVENT_REASON,
-        "message": f"{item.reason}: {action}",
+        "reason": reason,
+        "message": message,
         "source": {"component": reporter},
         "reportingComponent": reporter,
         "firstTimestamp": now_iso,

@@ -8,6 +8,15 @@ Safe with several replicas: a wake is a merge patch (two are two update
 events, no harm); an eviction carries the pod's uid as a precondition, so a
 second replica's (or a re-created pod's) answer is 404/409 and is let be; the
 Event is named per pod incarnation, so the second create is a 409.
+
+A bare pod with ``hcs.io/replan: recreate`` is read again, its new body
+built and logged (``pod_recreating``: the copy, in full) before anything is
+deleted; then it is deleted with uid and resourceVersion preconditions (one
+replica wins; a pod bound or changed since it was read is let be), awaited
+gone, and created again (transient failures retried). A create that fails
+for good is logged with the body and told in an ``HCSRecreateFailed`` Event.
+Not covered: a replica that dies between the delete and the create; the
+copy then lives only in its log (nothing retries it on restart).
 """
 
 from __future__ import annotations
@@ -19,7 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hcs_bus import vocabulary
-from hcs_bus.errors import HcsError, KubeConflict, KubeNotFound, KubeTooManyRequests
+from hcs_bus.errors import (
+    HcsError,
+    KubeConflict,
+    KubeNotFound,
+    KubeTooManyRequests,
+    KubeUnavailable,
+)
 from hcs_bus.telemetry import logger, meter
 from scheduler import planning, replanning
 from scheduler.replanning import Pending, Stranded
@@ -49,6 +64,14 @@ class Kube(Protocol):
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str, resource_version: str | None = None
+    ) -> dict[str, Any]: ...
+
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
     async def evict_pod(
         self, namespace: str, name: str, *, dry_run: bool = False, uid: str | None = None
     ) -> dict[str, Any]: ...
@@ -68,6 +91,8 @@ class Stranding:
     replan_after_s: float = 30.0
     scan_s: float = 2.0
     wake_min_interval_s: float = 5.0
+    gone_within_s: float = 30.0  # a deleted pod to re-create must be gone by then
+    create_retries_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)  # waits between create tries
     clock: Callable[[], float] = field(default_factory=lambda: asyncio.get_running_loop().time)
     stranded_since: replanning.Clock = field(default_factory=replanning.Clock)
     waker: replanning.Waker | None = None
@@ -147,6 +172,8 @@ class Stranding:
         ref = item.pod.ref
         name = f"{ref.namespace}/{ref.name}"
         await self._tell(item)
+        if item.action == "recreate":
+            return await self.recreate(item)
         if item.action == "report":
             REPLANNED.add(1, {"action": "report"})
             _log.warning("pod_stranded", pod=name, reason=item.reason, target=item.target)
@@ -163,6 +190,80 @@ class Stranding:
             "pod_replanned", pod=name, owner=item.pod.owner, reason=item.reason, target=item.target
         )
         return 1
+
+    async def recreate(self, item: Stranded) -> int:
+        """Delete the bare pod and create it again as submitted (module doc)."""
+        ref = item.pod.ref
+        name = f"{ref.namespace}/{ref.name}"
+        try:
+            pod = await self.kube.get_pod(ref.namespace, ref.name)
+        except KubeNotFound:
+            return 0
+        now = replanning.pending(pod, scheduler_name=self.scheduler_name)
+        body = replanning.recreation(pod)
+        if now is None or now.ref.uid != ref.uid or body is None:
+            return 0  # bound, going or replaced since the scan; or no readable copy
+        _log.warning("pod_recreating", pod=name, reason=item.reason, target=item.target, body=body)
+        rv = (pod.get("metadata") or {}).get("resourceVersion")
+        try:
+            await self.kube.delete_pod(ref.namespace, ref.name, uid=ref.uid, resource_version=rv)
+        except (KubeNotFound, KubeConflict):
+            return 0  # changed or gone meanwhile (another replica, kube-scheduler)
+        if not await self._gone(ref.namespace, ref.name, uid=ref.uid):
+            await self._failed(item, body, error=f"it was not gone within {self.gone_within_s}s")
+            return 1
+        error = await self._create(ref.namespace, body)
+        if error is not None:
+            await self._failed(item, body, error=error)
+            return 1
+        REPLANNED.add(1, {"action": "recreate"})
+        _log.warning("pod_recreated", pod=name, reason=item.reason, target=item.target)
+        return 1
+
+    async def _gone(self, namespace: str, name: str, *, uid: str) -> bool:
+        """Wait (polling) until that incarnation of the pod is no more."""
+        deadline = self.clock() + self.gone_within_s
+        while True:
+            try:
+                pod = await self.kube.get_pod(namespace, name)
+            except KubeNotFound:
+                return True
+            if (pod.get("metadata") or {}).get("uid") != uid:
+                return True
+            if self.clock() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+
+    async def _create(self, namespace: str, body: dict[str, Any]) -> str | None:
+        """Create ``body``, retrying what may pass later; the error, or None."""
+        waits = iter(self.create_retries_s)
+        while True:
+            try:
+                await self.kube.create_pod(namespace, body)
+                return None
+            except KubeConflict:
+                _log.warning(
+                    "pod_recreated_elsewhere", pod=f"{namespace}/{body['metadata']['name']}"
+                )
+                return None  # the name is taken again: a replica's copy or the user's own
+            except (KubeUnavailable, KubeTooManyRequests) as exc:
+                wait = next(waits, None)
+                if wait is None:
+                    return str(exc)
+                _log.info("pod_recreate_retry", error=str(exc), wait_s=wait)
+                await asyncio.sleep(wait)
+            except HcsError as exc:
+                return str(exc)
+
+    async def _failed(self, item: Stranded, body: dict[str, Any], *, error: str) -> None:
+        ref = item.pod.ref
+        REPLANNED.add(1, {"action": "recreate_failed"})
+        _log.error("pod_recreate_failed", pod=f"{ref.namespace}/{ref.name}", error=error, body=body)
+        event = replanning.failed_event(ref, error=error, now_iso=_now_iso(), reporter=REPORTER)
+        try:
+            await self.kube.create_event(ref.namespace, event)
+        except HcsError as exc:
+            _log.info("recreate_failed_event_failed", error=str(exc))
 
     async def _tell(self, item: Stranded) -> None:
         """The Event on the pod, and for a bare pod the condition."""

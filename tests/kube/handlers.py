@@ -102,7 +102,9 @@ async def dispatch(server: ApiServer, request: web.Request) -> web.StreamRespons
         info = _parse(request.path)
         verb = _verb(request.method, info, request.query)
         resource = f"{info.resource}/{info.sub}" if info.sub else info.resource
-        body = await _body(request) if request.method in ("POST", "PUT", "PATCH") else None
+        writes = request.method in ("POST", "PUT", "PATCH")
+        has_options = request.method == "DELETE" and bool(await request.read())
+        body = await _body(request) if writes or has_options else None
         line = _Line(request.method, request.path, verb, info.group, resource)
         content_type = request.content_type if body is not None else ""
         server.requests.append(Request.of(line, content_type=content_type, body=body))
@@ -392,6 +394,40 @@ async def _create(server: ApiServer, request: web.Request, info: Info) -> web.Re
     return web.json_response(server.store(info.resource, _key(info, name), body), status=201)
 
 
+async def _create_pod(server: ApiServer, request: web.Request, info: Info) -> web.Response:
+    """POST a pod: Pending and unbound whatever status it carries; 409 when the name is taken."""
+    body = _check_new(info, await _body(request), "Pod")
+    name = body["metadata"]["name"]
+    if _key(info, name) in server.pods:
+        raise Problem(
+            409,
+            "AlreadyExists",
+            f'pods "{name}" already exists',
+            details={"name": name, "group": "", "kind": "pods"},
+        )
+    body["metadata"].pop("uid", None)
+    body["status"] = {"phase": "Pending"}
+    return web.json_response(server.store("pods", _key(info, name), body), status=201)
+
+
+async def _delete_pod(server: ApiServer, request: web.Request, info: Info) -> web.Response:
+    """DELETE a pod at once (as for an unbound one), honouring uid and
+    resourceVersion preconditions (409 when either differs)."""
+    options = await _body(request) if await request.read() else {}
+    pod = _get_stored(server, info)
+    meta = pod["metadata"]
+    for field, have in (("uid", meta["uid"]), ("resourceVersion", meta["resourceVersion"])):
+        wanted = (options.get("preconditions") or {}).get(field)
+        if wanted and wanted != have:
+            raise Problem(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods "{info.name}": Precondition failed: '
+                f"{field} in precondition: {wanted}, {field} in object meta: {have}",
+            )
+    return web.json_response(server.delete_pod(meta["namespace"], meta["name"]))
+
+
 async def _update(server: ApiServer, request: web.Request, info: Info) -> web.Response:
     """PUT a Lease: a stale metadata.resourceVersion → 409; none → unconditional."""
     current = _get_stored(server, info)
@@ -509,6 +545,8 @@ ROUTES: dict[tuple[str, str, str], Callable[..., Any]] = {
     (CORE, "pods", "watch"): _watch,
     (CORE, "pods", "patch"): _patch,
     (CORE, "pods/status", "patch"): _patch,
+    (CORE, "pods", "create"): _create_pod,
+    (CORE, "pods", "delete"): _delete_pod,
     (CORE, "events", "create"): _create,
     (COORD, "leases", "get"): _get,
     (HCS, "computequotas", "list"): _list_quotas,

@@ -77,6 +77,10 @@ SCENARIOS: dict[str, Scenario] = {
         NS, "q", uid=s.pods[(NS, "q")]["metadata"]["uid"], node="n", annotations={}
     ),
     "get_pod": lambda k, s: k.get_pod(NS, "p"),
+    "delete_pod": lambda k, s: k.delete_pod(NS, "q", uid=s.pods[(NS, "q")]["metadata"]["uid"]),
+    "create_pod": lambda k, s: k.create_pod(
+        NS, {"metadata": {"name": "r"}, "spec": {"containers": [{"name": "m"}]}}
+    ),
     "list_pods": lambda k, s: k.list_pods(namespace=NS),
     "watch_pods": _watch,
     "patch_pod_annotations": lambda k, s: k.patch_pod_annotations(NS, "q", {"hcs.io/wake": "1"}),

@@ -189,3 +189,64 @@ def test_a_pod_without_requests_is_never_planned_again() -> None:
     assert replanning.request_of(found) is None
     assert found.policy == Policy(models=("A100-80G",), substitution="allow")
     assert found.requests is None
+
+
+SUBMITTED_SPEC = {"containers": [{"name": "m", "image": "trainer:1", "env": [{"name": "A"}]}]}
+COPY = json.dumps({"v": 1, "annotations": {"hcs.io/models": "A100-80G"}, "spec": SUBMITTED_SPEC})
+
+
+def _recreatable(*, copy: str | None = COPY, owner: str | None = None) -> dict[str, Any]:
+    pod = _pod(owner=owner)
+    notes = pod["metadata"]["annotations"]
+    notes |= {"hcs.io/replan": "recreate", "hcs.io/devices": "0", "team": "vision"}
+    if copy is not None:
+        notes["hcs.io/submitted"] = copy
+    pod["metadata"]["labels"] = {"app": "train"}
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "action"),
+    [
+        (_recreatable(), "recreate"),
+        (_recreatable(copy=None), "report"),  # asked, but admitted without a copy
+        (_recreatable(owner="ReplicaSet"), "evict"),  # its owner re-creates it
+    ],
+)
+def test_a_bare_pod_asking_for_it_with_its_copy_is_recreated(
+    pod: dict[str, Any], action: str
+) -> None:
+    found = _judge(pod, _summary(a100_full=True))
+    assert found is not None and found.action == action
+    if action == "recreate":
+        event = replanning.event(found, now_iso="2026-01-01T00:00:00Z", reporter="r")
+        assert "created again as submitted" in event["message"]
+
+
+def test_the_recreated_pod_is_the_submitted_one_under_the_same_name() -> None:
+    body = replanning.recreation(_recreatable())
+    assert body == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ml",
+            "labels": {"app": "train"},
+            # every hcs.io/* note of the pod dropped; the user's come from the copy
+            "annotations": {"team": "vision", "hcs.io/models": "A100-80G"},
+        },
+        "spec": SUBMITTED_SPEC,
+    }
+
+
+@pytest.mark.parametrize("copy", [None, "{not json", json.dumps({"v": 1, "spec": "x"}), "[]"])
+def test_no_recreation_without_a_readable_copy(copy: str | None) -> None:
+    assert replanning.recreation(_recreatable(copy=copy)) is None
+
+
+def test_the_failure_event_says_where_the_copy_is() -> None:
+    ref = _pending(_pod()).ref
+    event = replanning.failed_event(ref, error="denied", now_iso="t", reporter="r")
+    assert event["reason"] == replanning.FAILED_REASON and event["type"] == "Warning"
+    assert "denied" in event["message"] and "pod_recreating" in event["message"]
+    assert event["metadata"]["name"] != replanning.event_name(ref)

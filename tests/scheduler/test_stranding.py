@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from structlog.testing import capture_logs
+
 from hcs_bus import messages, streams, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.messages import NodeReservations, PodRef
@@ -150,3 +152,104 @@ async def test_a_pod_whose_class_has_room_is_left_to_kube_scheduler(
     )  # well past the 0.3 s deadline
     assert (NS, "fine") in apiserver.pods
     assert not apiserver.events
+
+
+SUBMITTED_SPEC = {
+    "schedulerName": "default-scheduler",
+    "containers": [{"name": "main", "image": "trainer:1", "resources": {"limits": {"x": "1"}}}],
+}
+
+
+def _recreatable_pod(api: ApiServer, name: str) -> dict[str, Any]:
+    """A bare pending pod with ``hcs.io/replan: recreate`` and the injector's copy."""
+    _pending_pod(api, name, owned=False)
+    copy = {"v": 1, "annotations": {"hcs.io/replan": "recreate"}, "spec": SUBMITTED_SPEC}
+
+    def ask(pod: dict[str, Any]) -> None:
+        pod["metadata"]["labels"] = {"app": "train"}
+        pod["metadata"]["annotations"] |= {
+            vocabulary.REPLAN: vocabulary.REPLAN_RECREATE,
+            vocabulary.SUBMITTED: json.dumps(copy),
+            "team": "vision",
+        }
+
+    return api.update_pod(NS, name, ask)
+
+
+def _events(api: ApiServer, reason: str) -> list[dict[str, Any]]:
+    return [e for e in api.events.values() if e["reason"] == reason]
+
+
+async def test_a_bare_pod_asking_for_it_is_deleted_and_created_again_as_submitted(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    await _fill_a100(bus, apiserver)
+    old = _recreatable_pod(apiserver, "solo")
+    await _start(bus, start_scheduler, kube)
+
+    def recreated() -> dict[str, Any] | None:
+        pod = apiserver.pods.get((NS, "solo"))
+        fresh = pod is not None and pod["metadata"]["uid"] != old["metadata"]["uid"]
+        return pod if fresh else None
+
+    await until(recreated)
+    new = recreated()
+    assert new is not None and new["spec"] == SUBMITTED_SPEC
+    assert new["metadata"]["labels"] == {"app": "train"}
+    assert new["metadata"]["annotations"] == {"team": "vision", "hcs.io/replan": "recreate"}
+    (delete,) = [r for r in apiserver.requests if r.verb == "delete" and r.resource == "pods"]
+    creates = [r for r in apiserver.requests if r.verb == "create" and r.resource == "pods"]
+    assert len(creates) == 1 and not [r for r in apiserver.requests if r.resource == "pods/status"]
+    (event,) = _events(apiserver, replanning.EVENT_REASON)
+    assert event["involvedObject"]["uid"] == old["metadata"]["uid"]
+    assert "created again as submitted" in event["message"]
+    assert not _events(apiserver, replanning.FAILED_REASON)
+    assert delete.path.endswith(f"/namespaces/{NS}/pods/solo")
+
+
+async def test_a_pod_bound_after_it_was_read_is_not_deleted(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    await _fill_a100(bus, apiserver)
+    old = _recreatable_pod(apiserver, "solo")
+
+    def bind() -> None:  # kube-scheduler, between the scheduler's read and its delete
+        apiserver.update_pod(NS, "solo", lambda p: p["spec"].update(nodeName="a100-1"))
+
+    apiserver.before("delete", "pods", bind)
+    await _start(bus, start_scheduler, kube)
+    await until(lambda: _events(apiserver, replanning.EVENT_REASON))
+    await until(lambda: [r for r in apiserver.requests if r.verb == "delete"])
+    scans = len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
+    await until(
+        lambda: (
+            len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
+            > scans + 3
+        )
+    )
+    pod = apiserver.pods[(NS, "solo")]  # the precondition (resourceVersion) refused it
+    assert pod["metadata"]["uid"] == old["metadata"]["uid"]
+    (delete,) = [r for r in apiserver.requests if r.verb == "delete"]
+    preconditions = delete.body["preconditions"]
+    assert preconditions["uid"] == old["metadata"]["uid"]
+    assert preconditions["resourceVersion"]  # as read, before the bind
+    assert preconditions["resourceVersion"] != pod["metadata"]["resourceVersion"]
+    assert not [r for r in apiserver.requests if r.verb == "create" and r.resource == "pods"]
+
+
+async def test_a_copy_the_api_server_refuses_is_told_in_an_event_and_logged(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    await _fill_a100(bus, apiserver)
+    _recreatable_pod(apiserver, "solo")
+    apiserver.fail("create", "pods", code=503)  # transient: tried again
+    apiserver.fail("create", "pods", code=403)  # denied for good (a webhook, a policy)
+    with capture_logs() as logs:
+        await _start(bus, start_scheduler, kube)
+        await until(lambda: _events(apiserver, replanning.FAILED_REASON))
+    (event,) = _events(apiserver, replanning.FAILED_REASON)
+    assert "injected 403" in event["message"]
+    creates = [r for r in apiserver.requests if r.verb == "create" and r.resource == "pods"]
+    assert len(creates) == 2 and (NS, "solo") not in apiserver.pods
+    (failed,) = [e for e in logs if e["event"] == "pod_recreate_failed"]
+    assert failed["body"]["spec"] == SUBMITTED_SPEC  # the pod as submitted is not lost
