@@ -7,6 +7,9 @@
 - A ReplicaSet's pod pledged at admission to a class that others fill before
   it is placed: the scheduler re-plans it (evicts it, its ReplicaSet makes a
   new one, admitted afresh) and it ends Running on another class.
+- The same for a bare pod with ``hcs.io/replan: recreate``: the scheduler
+  deletes it and creates it again from the injector's copy of it as
+  submitted; the copy is admitted afresh and ends Running on another class.
 
 kube-scheduler is held while the pods are admitted, and the L40S node is
 tainted for all but the fillers until they run, so the order in which the
@@ -121,6 +124,27 @@ def _plan_model(pod: dict[str, Any]) -> str | None:
     return json.loads(note)["model"] if note else None
 
 
+def _fill_l40s_before_it_is_placed(stack: Stack, work: Workloads) -> None:
+    """With kube-scheduler held since the pod was admitted: fill every L40S
+    device with pods placed before it, then let kube-scheduler go."""
+    cluster = stack.cluster
+    assert cluster.scheduler is not None
+    _hold(work, L40S_NODE, held=True)  # only pods that tolerate the hold go there now
+    try:
+        for i in range(L40S_DEVICES):  # these take every L40S device before it is placed
+            work.pod(
+                f"filler-{i}",
+                WHOLE,
+                annotations={"hcs.io/models": L40S, "hcs.io/substitution": "deny"},
+                tolerations=[{"key": HOLD["key"], "operator": "Exists", "effect": "NoSchedule"}],
+            )
+        cluster.restart_scheduler()
+        for i in range(L40S_DEVICES):
+            work.running(f"filler-{i}", timeout_s=60)
+    finally:
+        _hold(work, L40S_NODE, held=False)
+
+
 def test_a_replica_set_pod_stranded_on_a_full_class_is_replanned_and_runs_on_another(
     stack: Stack, work: Workloads, record_property: Any
 ) -> None:
@@ -138,20 +162,7 @@ def test_a_replica_set_pod_stranded_on_a_full_class_is_replanned_and_runs_on_ano
         timeout_s=30,
     )
     assert _plan_model(first) == L40S
-    _hold(work, L40S_NODE, held=True)  # only pods that tolerate the hold go there now
-    try:
-        for i in range(L40S_DEVICES):  # these take every L40S device before it is placed
-            work.pod(
-                f"filler-{i}",
-                WHOLE,
-                annotations={"hcs.io/models": L40S, "hcs.io/substitution": "deny"},
-                tolerations=[{"key": HOLD["key"], "operator": "Exists", "effect": "NoSchedule"}],
-            )
-        cluster.restart_scheduler()
-        for i in range(L40S_DEVICES):
-            work.running(f"filler-{i}", timeout_s=60)
-    finally:
-        _hold(work, L40S_NODE, held=False)
+    _fill_l40s_before_it_is_placed(stack, work)
     stranded_at = time.monotonic()
 
     def replacement() -> dict[str, Any] | None:
@@ -176,5 +187,49 @@ def test_a_replica_set_pod_stranded_on_a_full_class_is_replanned_and_runs_on_ano
     events = work.api.items(
         f"/api/v1/namespaces/{work.namespace}/events"
         f"?fieldSelector=involvedObject.name={first['metadata']['name']}"
+    )
+    assert any(e.get("reason") == "HCSStranded" for e in events), events
+
+
+def test_a_bare_pod_asking_for_it_stranded_on_a_full_class_is_recreated_and_runs_on_another(
+    stack: Stack, work: Workloads, record_property: Any
+) -> None:
+    fleet_labelled(work, FLEET)
+    assert stack.cluster.scheduler is not None
+    stack.cluster.scheduler.stop()  # the pod is admitted (and pledged) while L40S has room
+    notes = {"hcs.io/models": L40S, "hcs.io/substitution": "allow", "team": "vision"}
+    first = work.pod(
+        "solo", WHOLE, labels={"app": "solo"}, annotations={**notes, "hcs.io/replan": "recreate"}
+    )
+    assert _plan_model(first) == L40S
+    assert "hcs.io/submitted" in first["metadata"]["annotations"]
+    _fill_l40s_before_it_is_placed(stack, work)
+    stranded_at = time.monotonic()
+
+    def recreated() -> dict[str, Any] | None:
+        for pod in work.pods("app=solo"):
+            fresh = pod["metadata"]["uid"] != first["metadata"]["uid"]
+            if fresh and pod.get("status", {}).get("phase") == "Running":
+                return pod
+        return None
+
+    moved = wait_for(
+        recreated,
+        what="the bare pod re-created and Running on another class",
+        timeout_s=90,
+        explain=lambda: work.explain("solo"),
+    )
+    took_s = time.monotonic() - stranded_at
+    record_property("recreated_running_after_s", round(took_s, 2))
+    print(f"\nhcs e2e: stranded bare pod re-created and Running {took_s:.1f} s after L40S filled")
+    assert moved["metadata"]["name"] == "solo" and moved["metadata"]["labels"] == {"app": "solo"}
+    assert _plan_model(moved) != L40S
+    node = work.node(moved["spec"]["nodeName"])
+    assert node["metadata"]["labels"]["hcs.io/model"] != L40S
+    kept = moved["metadata"]["annotations"]
+    assert {k: kept.get(k) for k in notes} == notes and kept["hcs.io/replan"] == "recreate"
+    events = work.api.items(
+        f"/api/v1/namespaces/{work.namespace}/events"
+        f"?fieldSelector=involvedObject.uid={first['metadata']['uid']}"
     )
     assert any(e.get("reason") == "HCSStranded" for e in events), events
