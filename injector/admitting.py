@@ -115,10 +115,9 @@ class Admitter:
         demand = demands.read(pod)
         note = self._own_note(request, annotations, demand, trusted=trusted, pod=_identity(pod))
         if not trusted:
-            own = {guarding.PLAN, guarding.PLAN_SIG, guarding.PLEDGE, vocabulary.TRACEPARENT}
-            own = own if note else set()
-            if note and self._own_copy(request, annotations, pod):
-                own.add(originals.SUBMITTED)
+            own = set(guarding.WRITTEN_AT_CREATE) if note else set()
+            if not self._own_copy(request, annotations, pod):
+                own.discard(originals.SUBMITTED)
             foreign = [k for k in guarding.reserved(annotations) if k not in own]
             if foreign:
                 _log.warning(

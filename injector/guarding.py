@@ -33,6 +33,11 @@ USER_PREFIXES: Final = (vocabulary.ENGINE_PARAM_PREFIX,)
 PLAN: Final = vocabulary.PLAN
 PLAN_SIG: Final = vocabulary.PLAN_SIG
 PLEDGE: Final = vocabulary.PLEDGE
+# what the webhook itself writes at CREATE (a user's copy is refused or
+# overwritten there); deploy/components/kubernetes-1.30 lets exactly these through
+WRITTEN_AT_CREATE: Final = frozenset(
+    {PLAN, PLAN_SIG, PLEDGE, vocabulary.TRACEPARENT, vocabulary.SUBMITTED}
+)
 
 
 def is_reserved(key: str) -> bool:

@@ -123,3 +123,29 @@ def test_deploy_manifests_validate_against_the_kubernetes_schema() -> None:
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
+
+
+def test_the_native_guard_lets_through_at_create_what_the_webhook_writes_and_users_may_set() -> (
+    None
+):
+    """The 1.30 ValidatingAdmissionPolicy mirrors injector/guarding.py: a key
+    the webhook writes at CREATE but the policy refuses would refuse every pod
+    the webhook admits (it runs after the webhook)."""
+    import pathlib
+    import re
+
+    import yaml
+
+    from injector.guarding import USER_ANNOTATIONS, WRITTEN_AT_CREATE
+
+    path = (
+        pathlib.Path(__file__).parents[2]
+        / "deploy/components/kubernetes-1.30/reserved-annotations-policy.yaml"
+    )
+    policy = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"].endswith("Policy"))
+    lists = {
+        v["name"]: set(re.findall(r"'([^']+)'", v["expression"]))
+        for v in policy["spec"]["variables"]
+    }
+    assert lists["admitted"] == set(WRITTEN_AT_CREATE)
+    assert lists["userKeys"] == set(USER_ANNOTATIONS)
