@@ -14,6 +14,9 @@ once (``--workers`` concurrent clients), through the same kube-scheduler:
   FP16 TFLOPS, ACU, whole devices and pods pinned to a vendor or a model, each
   kind a share of the pods (``bench.mixes``). Before it, the mix's demand is
   printed against the fleet (packed offline with the planner's sizing).
+  These bare pods carry ``hcs.io/replan: recreate``: one stranded in a class
+  that filled (or fragmented) is created again and planned afresh, so the
+  burst settles only after ``replan_after_s`` (30 s) plus ``--settle-s``.
 
 Printed per burst: pods/s (create of the first → Running of the last),
 create→Running p50/p99, pods still Pending when the burst settles with their
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import dataclasses
 import http.client
 import json
 import os
@@ -46,8 +50,8 @@ import yaml
 
 from bench import mixes
 from bench.mixes import Kind
-from hcs_bus import profiles
-from hcs_bus.settings import TelemetrySettings
+from hcs_bus import profiles, vocabulary
+from hcs_bus.settings import SchedulerSettings, TelemetrySettings
 from hcs_bus.telemetry import configure
 from scheduler import planning
 from scheduler.viewing import ClusterView
@@ -63,6 +67,7 @@ CLASSES = (
     ("cambricon/MLU370-X8", "mlulink"),
 )
 PLAIN = "example.com/dev"
+REPLAN_AFTER_S = SchedulerSettings().replan_after_s
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -488,7 +493,12 @@ def main(argv: list[str] | None = None) -> int:
         fleet = fleet_file(args.nodes, root)
         names = [n["name"] for n in yaml.safe_load(fleet.read_text())["nodes"]]
         if args.mix:
-            hcs_kinds, hcs_label = mixes.kinds_for(args.pods), "hcs-mix"
+            replan = {vocabulary.REPLAN: vocabulary.REPLAN_RECREATE}
+            hcs_kinds = [
+                dataclasses.replace(k, annotations={**k.annotations, **replan})
+                for k in mixes.kinds_for(args.pods)
+            ]
+            hcs_label = "hcs-mix"
             print_mix(hcs_kinds, nodes=names, fleet=fleet)
         else:
             hcs_kinds = [Kind("vram", 100, {"ai.compute/vram": args.vram})] * args.pods
@@ -512,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                     label=label,
                     kinds=kinds,
                     workers=args.workers,
-                    settle_s=args.settle_s,
+                    settle_s=args.settle_s + (REPLAN_AFTER_S if label == "hcs-mix" else 0.0),
                 )
             )
         report(results)
