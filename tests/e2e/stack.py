@@ -31,6 +31,7 @@ from hcs_bus.settings import Settings, replace
 from injector.certs import make_dev_certs
 from tests.e2e.api import wait_for
 from tests.e2e.cluster import ROOT, Cluster
+from tests.e2e.front import Front
 from tests.e2e.processes import Process, free_port
 
 T = TypeVar("T")
@@ -65,6 +66,9 @@ class Stack:
         self.webhook_port = free_port()
         self.settings = Settings()
         self.env: dict[str, str] = {}
+        # scheduler replica (part name) -> its extender port; "scheduler" is the first
+        self.extender_ports = {"scheduler": self.extender_port}
+        self.front: Front | None = None
 
     @property
     def extender_url(self) -> str:
@@ -118,12 +122,55 @@ class Stack:
             self._extender_ready, what="the extender's /readyz", timeout_s=60, explain=self.why
         )
         self._apply_webhook(certs.ca_bundle_b64)
-        scheduler_kubeconfig = self.cluster.service_account_kubeconfig(
-            "hcs-system", "hcs-kube-scheduler"
-        )
-        self.cluster.start_scheduler(
-            extender_url=self.extender_url, kubeconfig=scheduler_kubeconfig
-        )
+        self._start_kube_scheduler(self.extender_url)
+
+    def _start_kube_scheduler(self, extender_url: str) -> None:
+        """(Re)start kube-scheduler with the project's configuration and ``extender_url``."""
+        old = self.cluster.scheduler
+        if old is not None:
+            old.stop()
+            self.cluster.processes.remove(old)
+        kubeconfig = self.cluster.service_account_kubeconfig("hcs-system", "hcs-kube-scheduler")
+        self.cluster.start_scheduler(extender_url=extender_url, kubeconfig=kubeconfig)
+
+    # -- scheduler replicas ------------------------------------------------------
+    def start_replica(self, name: str, **extra_env: str) -> Process:
+        """(Re)start scheduler replica ``name`` with the first replica's argv and
+        environment, on its own extender port (kept across restarts)."""
+        port = self.extender_ports.setdefault(name, free_port())
+        argv = self.parts["scheduler"].argv
+        return self.start_part(name, argv, HCS_SCHEDULER__EXTENDER_PORT=str(port), **extra_env)
+
+    def replica_ready(self, name: str) -> bool:
+        """The replica's extender answers ``/readyz`` (its view is replayed)."""
+        url = f"http://127.0.0.1:{self.extender_ports[name]}/readyz"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+
+    def front_replicas(self, names: list[str]) -> Front:
+        """kube-scheduler restarted to reach the replicas ``names`` through one
+        ``Front`` (round robin per request, as through a Service), since it
+        takes one extender URL."""
+        assert self.front is None, "the replicas already have a front"
+        self.front = Front([self.extender_ports[n] for n in names])
+        self.front.start()
+        self._start_kube_scheduler(self.front.url)
+        return self.front
+
+    def one_replica_again(self) -> None:
+        """Undo ``front_replicas``: the other replicas stopped, kube-scheduler
+        back on the first replica's extender, the first replica running."""
+        for name in [n for n in self.extender_ports if n != "scheduler"]:
+            self.parts.pop(name).stop()
+            del self.extender_ports[name]
+        if self.front is not None:
+            self._start_kube_scheduler(self.extender_url)
+            self.front.stop()
+            self.front = None
+        first = self.parts["scheduler"]
+        if not first.alive:
+            first = self.start_part("scheduler", first.argv)
+        first.wait_until(self._extender_ready, what="ready", timeout_s=60)
 
     def part_environment(self, name: str, **extra: str) -> dict[str, str]:
         env = dict(self.env)
@@ -221,4 +268,6 @@ class Stack:
         from tests.e2e.processes import stop_all
 
         stop_all(list(self.parts.values()))
+        if self.front is not None:
+            self.front.stop()
         self.nats.cleanup()
