@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import aiohttp
+import msgspec
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.client.exceptions import ApiException, ApiTypeError, ApiValueError
@@ -35,6 +36,7 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
+_JSON = msgspec.json.Decoder()  # answers decoded once, faster than json.loads
 _BY_STATUS: dict[int, type[KubeError]] = {
     400: KubeInvalid,
     404: KubeNotFound,
@@ -77,8 +79,8 @@ def decode(raw: bytes, *, what: str) -> Any:
     if not raw:
         return {}
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        return _JSON.decode(raw)
+    except msgspec.DecodeError as exc:
         raise KubeError(f"{what}: answer is not JSON: {raw[:200]!r}") from exc
 
 

@@ -171,3 +171,18 @@ async def test_list_pods_filters_by_field_and_label_selector_across_pages(
     assert {p["spec"]["nodeName"] for p in on_a} == {"gpu-node-a"}
     assert sorted(p["metadata"]["name"] for p in in_ns) == ["p-0000", "p-0003"]
     assert sum(r.verb == "list" for r in apiserver.requests) == 2 + 1  # pages of 500
+
+
+async def test_proxy_variables_in_the_environment_do_not_divert_calls_to_the_api_server(
+    apiserver: ApiServer, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server is reached directly (each request used to look up proxy
+    variables and ~/.netrc in a worker thread): a proxy named by the
+    environment, here one that refuses every connection, is not used."""
+    _three_trainers(apiserver)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    found = await kube.list_pods()
+    assert sorted(p["metadata"]["name"] for p in found) == [f"trainer-{i}" for i in range(3)]
