@@ -108,6 +108,7 @@ class Pledger:
         self._flushing: set[str] = set()
         self._ids: frozenset[str] = frozenset()  # pledges the last summary saw reserved
         self._deleted = False  # own keys deleted since the last compaction
+        self._listed: dict[str, float] = {}  # per namespace: when its pods were last listed
 
     # -- documents and own keys --------------------------------------------
     def apply(self, key: str, value: bytes | None, revision: int) -> None:
@@ -621,6 +622,9 @@ class Pledger:
             return 0
         if not pledges.orphans(known, referenced=(), now=now, after_s=self.orphan_after_s):
             return 0  # none old enough: no need to list the pods
+        if now - self._listed.get(ns, float("-inf")) < self.orphan_after_s:
+            return 0  # listed lately: an orphan goes within twice the window
+        self._listed[ns] = now
         try:
             found = await self.pods(ns)
         except HcsError as exc:

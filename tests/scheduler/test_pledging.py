@@ -250,8 +250,11 @@ async def test_a_pledge_no_pod_carries_is_dropped_as_an_orphan_once_old_enough(
     now = [1000.0]
     carried: list[str] = []
 
+    listed: list[float] = []
+
     async def pods(namespace: str) -> list[dict]:
         assert namespace == "ml"
+        listed.append(now[0])
         return [{"metadata": {"name": "p1", "annotations": {"hcs.io/pledge": c}}} for c in carried]
 
     def summary() -> planning.Summary:
@@ -270,10 +273,19 @@ async def test_a_pledge_no_pod_carries_is_dropped_as_an_orphan_once_old_enough(
     lost = await book.place(_request(2), plan, quoted=quoted)  # type: ignore[arg-type]
     carried.append(kept.pledge)
     assert await book.sweep() == 0  # too young to tell
-    now[0] += 31.0
+    now[0] += 15.0
+    late = await book.place(_request(3), plan, quoted=quoted)  # type: ignore[arg-type]
+    now[0] += 16.0
     assert await book.sweep() == 1
-    assert [p.id for p in await _stored(bus)] == [kept.pledge]
+    assert {p.id for p in await _stored(bus)} == {kept.pledge, late.pledge}
     assert lost.pledge != kept.pledge
+    # the late one is old enough 15 s on, but the pods were listed lately:
+    # listed again (and it dropped) only once the window has passed
+    now[0] += 15.0
+    assert await book.sweep() == 0 and listed == [1031.0]
+    now[0] += 15.0
+    assert await book.sweep() == 1 and listed == [1031.0, 1061.0]
+    assert [p.id for p in await _stored(bus)] == [kept.pledge]
 
 
 async def test_without_a_quota_each_pledge_is_its_own_key_a_burst_spreads_and_a_copy_is_refused(
