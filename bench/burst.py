@@ -37,16 +37,19 @@ import concurrent.futures
 import dataclasses
 import http.client
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import mixes
 from bench.mixes import Kind
@@ -199,6 +202,7 @@ def burst(
     watcher = Watcher(cluster, namespace)
     watcher.start()
     cpu_before = cpu_now(cluster, stack)
+    latency_before = histograms(stack)
     created_at: dict[str, float] = {}
     errors: list[str] = []
 
@@ -226,6 +230,7 @@ def burst(
         n: (group, s - cpu_before.get(n, (group, 0.0))[1])
         for n, (group, s) in cpu_now(cluster, stack).items()
     }
+    latency_after = histograms(stack)
     items = cluster.api.items(f"/api/v1/namespaces/{namespace}/pods")
     latencies = sorted(
         watcher.running_at[n] - created_at[n] for n in watcher.running_at if n in created_at
@@ -246,9 +251,58 @@ def burst(
         "create_error_count": len(errors),
         "double_booked": double_booked(stack, items) if label != "plain" else [],
         "cpu_s": cpu,
+        "latency": {
+            name: quantiles(latency_before.get(name, {}), after)
+            for name, after in latency_after.items()
+        },
         "namespace": namespace,
         "room": room_left(stack, pending, kinds=kinds, label=label) if label != "plain" else None,
     }
+
+
+# where an HCS burst's time goes: (part, histogram) of seconds, from /metrics
+LATENCIES = (
+    ("injector", "hcs_injector_admission_seconds", "admission (webhook)"),
+    ("scheduler", "hcs_scheduler_plan_seconds", "plan (hcs.place)"),
+    ("scheduler", "hcs_scheduler_bind_seconds", "bind (extender)"),
+)
+
+
+def histograms(stack: Stack) -> dict[str, dict[float, float]]:
+    """Each of ``LATENCIES``: cumulative count per bucket bound, summed over
+    its labels (empty when the part serves no /metrics)."""
+    out: dict[str, dict[float, float]] = {}
+    for part, name, _what in LATENCIES:
+        port = stack.metrics_ports.get(part)
+        if not port:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        buckets: dict[float, float] = collections.defaultdict(float)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == f"{name}_bucket":
+                    buckets[float(sample.labels["le"])] += sample.value
+        out[name] = dict(buckets)
+    return out
+
+
+def quantiles(
+    before: dict[float, float], after: dict[float, float], qs: tuple[float, ...] = (0.5, 0.99)
+) -> tuple[int, list[float]]:
+    """(count, the bucket bound holding each quantile) of what was observed
+    between two readings of one histogram."""
+    bounds = sorted(after)
+    delta = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = delta[-1] if delta else 0.0
+    found = [
+        next((b for b, c in zip(bounds, delta, strict=True) if c >= q * total), math.inf)
+        for q in qs
+    ]
+    return int(total), found
 
 
 def clear(cluster: Cluster, namespace: str) -> None:
@@ -442,6 +496,15 @@ def report(results: list[dict[str, Any]]) -> None:
     for r in results:
         if r["room"] is not None:
             report_room(r["label"], r["room"])
+    print("\nHCS latencies during each burst (bucket bounds from /metrics):")
+    for r in results:
+        shown = []
+        for _part, name, what in LATENCIES:
+            count, (p50, p99) = r["latency"].get(name, (0, [math.nan, math.nan]))
+            if count:
+                shown.append(f"{what} n={count} p50<={p50:g}s p99<={p99:g}s")
+        if shown:
+            print(f"  {r['label']:<8} " + "; ".join(shown))
     print("\nCPU seconds during each burst:")
     for r in results:
         for group in ("hcs", "kube"):

@@ -66,6 +66,7 @@ class Stack:
         self.webhook_port = free_port()
         self.settings = Settings()
         self.env: dict[str, str] = {}
+        self.metrics_ports: dict[str, int] = {}
         # scheduler replica (part name) -> its extender port; "scheduler" is the first
         self.extender_ports = {"scheduler": self.extender_port}
         self.front: Front | None = None
@@ -114,10 +115,15 @@ class Stack:
             webhook=f"127.0.0.1:{self.webhook_port}",
             state_dir=self.root,
         )
-        argv = {p.name: p.argv for p in parts(options)}
+        started = parts(options)
+        argv = {p.name: p.argv for p in started}
         argv["mirror"] = [sys.executable, "-m", "scheduler.mirroring"]
+        # each part's Prometheus /metrics, as ``hcs up`` serves them
+        self.metrics_ports = {p.name: p.metrics_port for p in started if p.metrics_port}
         for name, command in argv.items():
-            self.start_part(name, command)
+            port = self.metrics_ports.get(name)
+            extra = {"HCS_TELEMETRY__METRICS_PORT": str(port)} if port else {}
+            self.start_part(name, command, **extra)
         wait_for(
             self._extender_ready, what="the extender's /readyz", timeout_s=60, explain=self.why
         )
