@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -20,9 +21,30 @@ from hcs_bus.errors import ConfigError
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on every address, below the kernel's ephemeral range: a
+    port the kernel hands out (bind to 0) is one any outgoing connection may
+    take before the server it was picked for listens on it (a hollow kubelet
+    of bench.burst died of "address already in use" that way)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(PORT_FLOOR, low - 1) if low - 1 > PORT_FLOOR else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError("no free port below the ephemeral range")
+
+
+PORT_FLOOR = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # unknown: let the kernel pick
 
 
 def binary() -> str:

@@ -244,3 +244,18 @@ async def test_a_consumer_survives_an_unexpected_fetch_error_and_goes_on(bus: Bu
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert failures == [] and got == [7]
+
+
+def test_a_free_port_lies_below_the_kernels_ephemeral_range_and_is_free_on_every_address() -> None:
+    """A port the kernel hands out to outgoing connections could be taken
+    before the server it was picked for listens on it."""
+    import socket
+    from pathlib import Path
+
+    from hcs_bus.natsserver import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(p < low for p in ports) and len(ports) > 1
+    with socket.socket() as sock:
+        sock.bind(("", ports.pop()))  # 0.0.0.0, as a kubelet or nats-server binds

@@ -21,9 +21,10 @@ from typing import Any
 
 import yaml
 
+from hcs_bus.natsserver import free_port
 from tests.e2e.api import Api, ApiError, wait_for
 from tests.e2e.pki import Identity, Pki
-from tests.e2e.processes import Process, free_port, stop_all
+from tests.e2e.processes import Process, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"

@@ -17,7 +17,7 @@ from collections import Counter
 import aiohttp
 from aiohttp import web
 
-from tests.e2e.processes import free_port
+from hcs_bus.natsserver import free_port
 
 TIMEOUT = aiohttp.ClientTimeout(total=30, connect=1)
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}

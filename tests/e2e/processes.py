@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,12 +15,6 @@ from pathlib import Path
 
 class ClusterError(RuntimeError):
     """A component of the test cluster failed to start or died."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tail(path: Path, lines: int = 20) -> str:

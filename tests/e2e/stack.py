@@ -26,13 +26,13 @@ from hcs.up import UpOptions, part_env, parts
 from hcs_bus import checkpoint, messages, streams, subjects
 from hcs_bus.bus import Bus, connect
 from hcs_bus.messages import NodeFingerprint
-from hcs_bus.natsserver import NatsServer
+from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.settings import Settings, replace
 from injector.certs import make_dev_certs
 from tests.e2e.api import wait_for
 from tests.e2e.cluster import ROOT, Cluster
 from tests.e2e.front import Front
-from tests.e2e.processes import Process, free_port
+from tests.e2e.processes import Process
 
 T = TypeVar("T")
 DEPLOY = ROOT / "deploy"
