@@ -262,9 +262,11 @@ def burst(
 
 # where an HCS burst's time goes: (part, histogram) of seconds, from /metrics
 LATENCIES = (
-    ("injector", "hcs_injector_admission_seconds", "admission (webhook)"),
-    ("scheduler", "hcs_scheduler_plan_seconds", "plan (hcs.place)"),
-    ("scheduler", "hcs_scheduler_bind_seconds", "bind (extender)"),
+    ("injector", "hcs_injector_admission_seconds", "admission"),
+    ("scheduler", "hcs_scheduler_plan_seconds", "plan"),
+    ("scheduler", "hcs_extender_seconds{verb=filter}", "filter"),
+    ("scheduler", "hcs_extender_seconds{verb=prioritize}", "prioritize"),
+    ("scheduler", "hcs_scheduler_bind_seconds", "bind"),
 )
 
 
@@ -281,10 +283,14 @@ def histograms(stack: Stack) -> dict[str, dict[float, float]]:
                 text = resp.read().decode()
         except OSError:
             continue
+        metric, _, selector = name.partition("{")
+        wanted = dict(kv.split("=") for kv in selector.rstrip("}").split(",") if kv)
         buckets: dict[float, float] = collections.defaultdict(float)
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == f"{name}_bucket":
+                if sample.name == f"{metric}_bucket" and all(
+                    sample.labels.get(k) == v for k, v in wanted.items()
+                ):
                     buckets[float(sample.labels["le"])] += sample.value
         out[name] = dict(buckets)
     return out

@@ -26,6 +26,7 @@ answers ``Error`` with the reason.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -33,7 +34,7 @@ import msgspec
 from aiohttp import web
 
 from hcs_bus import units
-from hcs_bus.telemetry import logger, meter, metrics_text
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text
 from scheduler import caching, placing
 from scheduler import extenders as wire
 from scheduler.booking import Booker, Kube
@@ -52,6 +53,12 @@ from scheduler.viewing import ClusterView
 _log = logger("hcs.scheduler.extender")
 _meter = meter("hcs.scheduler")
 CALLS = _meter.create_counter("hcs_extender_calls", description="extender calls by verb")
+SECONDS = _meter.create_histogram(
+    "hcs_extender_seconds",
+    unit="s",
+    description="time to answer one extender call, its body read, by verb",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
 MAX_BODY = 32 * 1024 * 1024  # nodeCacheCapable: 5,000 names are ~150 KiB
 CHUNK = 4096  # names handled between two yields to the event loop
 
@@ -91,6 +98,13 @@ class Extender:
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             CALLS.add(1, {"verb": verb})
+            started = time.perf_counter()
+            try:
+                return await answer(request)
+            finally:
+                SECONDS.record(time.perf_counter() - started, {"verb": verb})
+
+        async def answer(request: web.Request) -> web.Response:
             size = request.content_length
             try:
                 if size is not None and size > limit:
