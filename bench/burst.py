@@ -267,6 +267,10 @@ LATENCIES = (
     ("scheduler", "hcs_extender_seconds{verb=filter}", "filter"),
     ("scheduler", "hcs_extender_seconds{verb=prioritize}", "prioritize"),
     ("scheduler", "hcs_scheduler_bind_seconds", "bind"),
+    ("scheduler", "hcs_scheduler_bind_step_seconds{step=pledge}", "bind:pledge"),
+    ("scheduler", "hcs_scheduler_bind_step_seconds{step=reserve}", "bind:reserve"),
+    ("scheduler", "hcs_scheduler_bind_step_seconds{step=binding}", "bind:Binding"),
+    ("scheduler", "hcs_scheduler_bind_step_seconds{step=mark}", "bind:mark"),
 )
 
 
@@ -510,7 +514,7 @@ def report(results: list[dict[str, Any]]) -> None:
             if count:
                 shown.append(f"{what} n={count} p50<={p50:g}s p99<={p99:g}s")
         if shown:
-            print(f"  {r['label']:<8} " + "; ".join(shown))
+            print(f"  {r['label']:<8} " + "\n           ".join(shown))
     print("\nCPU seconds during each burst:")
     for r in results:
         for group in ("hcs", "kube"):

@@ -21,9 +21,10 @@ whose pod is bound is never expired.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 import msgspec
@@ -61,6 +62,23 @@ BIND_SECONDS = _meter.create_histogram(
     description="time to bind one pod: reserve, POST the Binding, announce",
     explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
+BIND_STEP_SECONDS = _meter.create_histogram(
+    "hcs_scheduler_bind_step_seconds",
+    unit="s",
+    description="each step of a bind: pledge (spend), reserve (KV), binding (API), mark (KV)",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+
+
+@contextlib.contextmanager
+def _step(name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        BIND_STEP_SECONDS.record(time.perf_counter() - started, {"step": name})
+
+
 OVERCOMMITS = _meter.create_counter(
     "hcs_scheduler_overcommitted_devices",
     description="devices found holding more than they have (the ledger cannot undo it)",
@@ -208,20 +226,23 @@ class Booker:
 
     async def _bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
         try:
-            refusal, pledge = await self.spend(pod, demand) if self.spend else ("", "")
+            with _step("pledge"):
+                refusal, pledge = await self.spend(pod, demand) if self.spend else ("", "")
             if refusal:
                 BINDS.add(1, {"outcome": "pledge_refused"})
                 return refusal
-            reservation = await self._reserve(pod, demand, node=node, pledge=pledge)
+            with _step("reserve"):
+                reservation = await self._reserve(pod, demand, node=node, pledge=pledge)
         except HcsError as exc:
             BINDS.add(1, {"outcome": "refused"})
             return str(exc)
         if isinstance(reservation, str):
             BINDS.add(1, {"outcome": "no_longer_fits"})
             return reservation
-        note, annotations = await self._post_binding(
-            pod, reservation, node=node, vendor=demand.vendor
-        )
+        with _step("binding"):
+            note, annotations = await self._post_binding(
+                pod, reservation, node=node, vendor=demand.vendor
+            )
         if note.startswith("hcs: Binding failed"):
             outcome = await self._binding_outcome(pod.ref, node=node)
             if outcome != "bound":
@@ -231,7 +252,8 @@ class Booker:
             _log.warning("binding_landed_after_all", pod=pod.ref.name, node=node, note=note)
             note = ""
         try:
-            await self._mark_bound(pod.ref, node=node, reservation=reservation)
+            with _step("mark"):
+                await self._mark_bound(pod.ref, node=node, reservation=reservation)
         except HcsError as exc:  # the pod is bound; expiry checks the pod before it frees
             _log.error("mark_bound_failed", pod=pod.ref.name, node=node, error=str(exc))
         await self.announce(node, reservation, state="bound", reason=note, annotations=annotations)
