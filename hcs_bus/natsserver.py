@@ -24,20 +24,28 @@ def free_port() -> int:
     """A port free on every address, below the kernel's ephemeral range: a
     port the kernel hands out (bind to 0) is one any outgoing connection may
     take before the server it was picked for listens on it (a hollow kubelet
-    of bench.burst died of "address already in use" that way)."""
+    of bench.burst died of "address already in use" that way). Never the
+    same port twice in one process: fifty kubelets started at once each get
+    their own before any listens."""
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randint(PORT_FLOOR, low - 1) if low - 1 > PORT_FLOOR else 0
+        if port in _given:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("", port))
             except OSError:
                 continue
-            return int(sock.getsockname()[1])
+            found = int(sock.getsockname()[1])
+        if found not in _given:
+            _given.add(found)
+            return found
     raise OSError("no free port below the ephemeral range")
 
 
 PORT_FLOOR = 10000
+_given: set[int] = set()  # ports handed out by this process
 
 
 def _ephemeral_low() -> int:
