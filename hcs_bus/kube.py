@@ -237,9 +237,16 @@ class Kube:
         namespace: str | None = None,
         field_selector: str | None = None,
         label_selector: str | None = None,
+        cached: bool = False,
     ) -> list[dict[str, Any]]:
+        """``cached``: served from the API server's watch cache
+        (``resourceVersion=0``: maybe a moment old, but no quorum read of
+        etcd) — for scans that run every few seconds."""
         pods, _ = await self._list_pods(
-            namespace=namespace, field_selector=field_selector, label_selector=label_selector
+            namespace=namespace,
+            field_selector=field_selector,
+            label_selector=label_selector,
+            cached=cached,
         )
         return pods
 
@@ -249,9 +256,12 @@ class Kube:
         namespace: str | None,
         field_selector: str | None,
         label_selector: str | None = None,
+        cached: bool = False,
     ) -> tuple[list[dict[str, Any]], str]:
         """All pages of a pod list, and the list's resourceVersion."""
         query = _selectors(field_selector=field_selector, label_selector=label_selector)
+        if cached:
+            query["resource_version"] = "0"
         if namespace is None:
             return await self._list_all("list pods", self._core.list_pod_for_all_namespaces, query)
         return await self._list_all(

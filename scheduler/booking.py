@@ -120,6 +120,7 @@ class Kube(Protocol):
         namespace: str | None = None,
         field_selector: str | None = None,
         label_selector: str | None = None,
+        cached: bool = False,
     ) -> list[dict[str, Any]]: ...
 
 

@@ -117,7 +117,7 @@ async def run(
         kv=kv,
         summary=planner.summary,
         ttl_s=cfg.pledge_ttl_s,
-        pods=(lambda ns: kube.list_pods(namespace=ns)) if kube is not None else None,
+        pods=(lambda ns: kube.list_pods(namespace=ns, cached=True)) if kube is not None else None,
     )
     view.key_listeners.append(pledger.apply)
     gauging.watch_pledges(pledger)

@@ -52,7 +52,9 @@ REPORTER = "hcs-scheduler"
 class Kube(Protocol):
     """The part of ``hcs_bus.kube.Kube`` this loop uses."""
 
-    async def list_pods(self, *, field_selector: str | None = None) -> list[dict[str, Any]]: ...
+    async def list_pods(
+        self, *, field_selector: str | None = None, cached: bool = False
+    ) -> list[dict[str, Any]]: ...
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
@@ -115,7 +117,7 @@ class Stranding:
 
     async def pending(self) -> list[Pending]:
         listed = await self.kube.list_pods(
-            field_selector=f"spec.schedulerName={self.scheduler_name},spec.nodeName="
+            cached=True, field_selector=f"spec.schedulerName={self.scheduler_name},spec.nodeName="
         )
         out = []
         for pod in listed:

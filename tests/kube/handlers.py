@@ -52,11 +52,15 @@ class Request(_Line):
 
     content_type: str = ""
     body: Any = None
+    query: dict[str, str] = {}  # replaced per instance in ``of``
 
     @classmethod
-    def of(cls, line: _Line, *, content_type: str, body: Any) -> Request:
+    def of(
+        cls, line: _Line, *, content_type: str, body: Any, query: dict[str, str] | None = None
+    ) -> Request:
         request = cls(*line)
         request.content_type, request.body = content_type, body
+        request.query = dict(query or {})
         return request
 
 
@@ -107,7 +111,9 @@ async def dispatch(server: ApiServer, request: web.Request) -> web.StreamRespons
         body = await _body(request) if writes or has_options else None
         line = _Line(request.method, request.path, verb, info.group, resource)
         content_type = request.content_type if body is not None else ""
-        server.requests.append(Request.of(line, content_type=content_type, body=body))
+        server.requests.append(
+            Request.of(line, content_type=content_type, body=body, query=dict(request.query))
+        )
         server.run_hooks(verb, resource)
         handler = ROUTES.get((info.group, resource, verb))
         if handler is None:

@@ -186,3 +186,16 @@ async def test_proxy_variables_in_the_environment_do_not_divert_calls_to_the_api
     monkeypatch.delenv("no_proxy", raising=False)
     found = await kube.list_pods()
     assert sorted(p["metadata"]["name"] for p in found) == [f"trainer-{i}" for i in range(3)]
+
+
+async def test_a_cached_pod_list_asks_the_api_servers_watch_cache(
+    apiserver: ApiServer, kube: Kube
+) -> None:
+    """Scans every few seconds (stranded pods, orphan pledges) read
+    ``resourceVersion=0``: the watch cache, not a quorum read of etcd."""
+    _three_trainers(apiserver)
+    cached = await kube.list_pods(namespace=NS, cached=True)
+    fresh = await kube.list_pods(namespace=NS)
+    assert len(cached) == len(fresh) == 3
+    lists = [r for r in apiserver.requests if r.method == "GET" and r.path.endswith("/pods")]
+    assert [r.query.get("resourceVersion") for r in lists[-2:]] == ["0", None]
