@@ -19,6 +19,9 @@ from pathlib import Path
 
 from hcs_bus.errors import ConfigError
 
+PORT_FLOOR = 10000
+_given: set[int] = set()  # ports handed out by this process
+
 
 def free_port() -> int:
     """A port free on every address, below the kernel's ephemeral range: a
@@ -42,10 +45,6 @@ def free_port() -> int:
             _given.add(found)
             return found
     raise OSError("no free port below the ephemeral range")
-
-
-PORT_FLOOR = 10000
-_given: set[int] = set()  # ports handed out by this process
 
 
 def _ephemeral_low() -> int:

@@ -23,10 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hcs_bus import vocabulary
 from scheduler import ledger, pledges
 from scheduler.ledger import Problem
-from scheduler.pledges import NamespacePledges, Pledge
+from scheduler.pledges import NamespacePledges, Pledge, pledge_of
 
 Pods = Mapping[tuple[str, str], Mapping[str, Any]]  # (namespace, name) → pod
 
@@ -39,12 +38,6 @@ class Limits:
     grace_s: float = 60.0  # a spent pledge whose pod is gone
     orphan_after_s: float = 30.0  # ``Pledger.orphan_after_s``
     slack_s: float = 10.0  # the sweep's period and a write on its way
-
-
-def pledge_of(pod: Mapping[str, Any]) -> str:
-    """The pledge id a pod carries (``hcs.io/pledge``), "" for none."""
-    notes = (pod.get("metadata") or {}).get("annotations") or {}
-    return str(notes.get(vocabulary.PLEDGE) or "")
 
 
 def problems(
@@ -79,7 +72,7 @@ def _carried(docs: Mapping[str, NamespacePledges], live: Pods) -> list[Problem]:
         if verdict.outcome == "used" and found is not None:
             why = f"pledge {pid} was spent by pod {ns}/{found.pod} (uid {found.uid or '?'})"
         elif verdict.outcome == "foreign" and found is not None:
-            why = f"pledge {pid} was made for pod {ns}/{_made_for(found)}"
+            why = f"pledge {pid} was made for pod {ns}/{found.made_for}"
         elif verdict.outcome == "spend" and node:
             why = f"pledge {pid} is unspent; bind spends it before it reserves"
             out.append(Problem("bound pod with unspent pledge", node, why, who, pid))
@@ -93,25 +86,29 @@ def _carried(docs: Mapping[str, NamespacePledges], live: Pods) -> list[Problem]:
 def _unspent(
     docs: Mapping[str, NamespacePledges], live: Pods, *, now: float, limits: Limits
 ) -> list[Problem]:
-    """Unspent pledges the sweep should have dropped: past the TTL, or
-    carried by no pod past the orphan window."""
-    carried = {(ns, pledge_of(p)) for (ns, _), p in live.items()}
+    """Unspent pledges the sweep should have dropped (``pledges.sweep`` and
+    ``pledges.orphans``, given the slack): past the TTL, or carried by no pod
+    past the orphan window."""
     out: list[Problem] = []
     for ns, doc in sorted(docs.items()):
-        for p in doc.pledges:
-            if p.spent_s is not None:
+        carried = [pledge_of(p) for (pod_ns, _), p in live.items() if pod_ns == ns]
+        ttl_s, orphan_s = limits.ttl_s + limits.slack_s, limits.orphan_after_s + limits.slack_s
+        expired, _done = pledges.sweep(doc, now=now, ttl_s=ttl_s, grace_s=ttl_s)
+        for p in expired:
+            why = (
+                f"pledge {p.id} unspent for {now - p.time_s:.0f} s, past the pledge TTL of "
+                f"{limits.ttl_s:g} s"
+            )
+            out.append(Problem("expired pledge", "", why, f"{ns}/{p.made_for}", p.id))
+        gone = {p.id for p in expired}
+        for p in pledges.orphans(doc, referenced=carried, now=now, after_s=orphan_s):
+            if p.id in gone:
                 continue
-            age = now - p.time_s
-            who = f"{ns}/{_made_for(p)}"
-            if age > limits.ttl_s + limits.slack_s:
-                why = f"pledge {p.id} unspent for {age:.0f} s, past the pledge TTL of {limits.ttl_s:g} s"
-                out.append(Problem("expired pledge", "", why, who, p.id))
-            elif age > limits.orphan_after_s + limits.slack_s and (ns, p.id) not in carried:
-                why = (
-                    f"pledge {p.id} unspent for {age:.0f} s and carried by no pod"
-                    f" (orphans are dropped after {limits.orphan_after_s:g} s)"
-                )
-                out.append(Problem("orphaned pledge", "", why, who, p.id))
+            why = (
+                f"pledge {p.id} unspent for {now - p.time_s:.0f} s and carried by no pod"
+                f" (orphans are dropped after {limits.orphan_after_s:g} s)"
+            )
+            out.append(Problem("orphaned pledge", "", why, f"{ns}/{p.made_for}", p.id))
     return out
 
 
@@ -154,7 +151,3 @@ def _spent_twice(docs: Mapping[str, NamespacePledges], live: Pods) -> list[Probl
         why = f"pledges {ids} were all spent by uid {uid}; a pledge is spent once per pod"
         out.append(Problem("pod spent two pledges", node, why, f"{ns}/{name}", ids))
     return out
-
-
-def _made_for(p: Pledge) -> str:
-    return p.name or (p.generate_name + "*" if p.generate_name else "?")

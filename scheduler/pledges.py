@@ -38,10 +38,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
+from hcs_bus import vocabulary
 from hcs_bus.messages import PodRef
 
 KEY_PREFIX = "pledges="
@@ -69,6 +70,11 @@ class Pledge(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     @property
     def key(self) -> str:
         return f"{self.vendor}/{self.model}"
+
+    @property
+    def made_for(self) -> str:
+        """The pod it was made for: its name, or ``generateName*``."""
+        return self.name or (f"{self.generate_name}*" if self.generate_name else "?")
 
     @property
     def vram_mib(self) -> int:
@@ -210,11 +216,15 @@ def made_for(pledge: Pledge, ref: PodRef) -> bool:
 
 
 def spend_verdict(doc: NamespacePledges | None, pledge_id: str, *, ref: PodRef) -> Spend:
-    """May the pod ``ref`` spend pledge ``pledge_id``? ``spend``: yes, first
+    """May the pod ``ref`` spend pledge ``pledge_id`` of ``doc``? (``verdict``)"""
+    return verdict(find(doc, pledge_id), ref=ref)
+
+
+def verdict(found: Pledge | None, *, ref: PodRef) -> Spend:
+    """May the pod ``ref`` spend the pledge ``found``? ``spend``: yes, first
     time; ``again``: it already did (a retried bind); ``used``: another pod
     spent it; ``foreign``: it was made for another pod; ``missing``: no such
     pledge (expired, released, or never made)."""
-    found = find(doc, pledge_id)
     if found is None:
         return Spend("missing")
     if found.spent_s is not None:
@@ -227,13 +237,19 @@ def spend_verdict(doc: NamespacePledges | None, pledge_id: str, *, ref: PodRef) 
 
 def spent(doc: NamespacePledges, pledge_id: str, *, ref: PodRef, now: float) -> NamespacePledges:
     """``doc`` with the pledge marked spent by ``ref``."""
-    out = tuple(
-        msgspec.structs.replace(p, spent_s=now, uid=ref.uid, pod=ref.name)
-        if p.id == pledge_id
-        else p
-        for p in doc.pledges
-    )
+    out = tuple(spent_by(p, ref=ref, now=now) if p.id == pledge_id else p for p in doc.pledges)
     return msgspec.structs.replace(doc, pledges=out)
+
+
+def spent_by(pledge: Pledge, *, ref: PodRef, now: float) -> Pledge:
+    """``pledge`` marked spent by ``ref`` at ``now``."""
+    return msgspec.structs.replace(pledge, spent_s=now, uid=ref.uid, pod=ref.name)
+
+
+def pledge_of(pod: Mapping[str, Any]) -> str:
+    """The pledge id a pod carries (``hcs.io/pledge``), "" for none."""
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(notes.get(vocabulary.PLEDGE) or "")
 
 
 def without(doc: NamespacePledges, ids: Iterable[str]) -> NamespacePledges:

@@ -31,7 +31,6 @@ from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from hcs_bus import vocabulary
 from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
 from hcs_bus.messages import Plan, PlanRequest, PodRef
 from hcs_bus.telemetry import logger, meter
@@ -129,21 +128,26 @@ class Pledger:
             _log.error("bad_pledge_doc", key=key, rev=revision, error=str(exc))
 
     def _apply_own(self, ns: str, pledge_id: str, value: bytes | None, revision: int) -> None:
+        pledge = None
+        if value:
+            try:
+                pledge = _ONE.decode(value)
+            except msgspec.MsgspecError as exc:
+                key = pledges.key_for(ns, pledge_id)
+                _log.error("bad_pledge", key=key, rev=revision, error=str(exc))
+                return
+        self._remember_own(ns, pledge_id, pledge, revision)
+
+    def _remember_own(self, ns: str, pledge_id: str, pledge: Pledge | None, revision: int) -> None:
+        """One pledge's key at ``revision`` (None: deleted), unless a later one is known."""
         mine = self.keyed.setdefault(ns, {})
         known = mine.get(pledge_id)
         if known is not None and known.revision is not None and known.revision >= revision:
             return
-        if not value:
+        if pledge is None:
             if known is not None:
                 del mine[pledge_id]
                 self._changed(ns)
-            return
-        try:
-            pledge = _ONE.decode(value)
-        except msgspec.MsgspecError as exc:
-            _log.error(
-                "bad_pledge", key=pledges.key_for(ns, pledge_id), rev=revision, error=str(exc)
-            )
             return
         if known is not None and known.pledge == pledge:
             known.revision = revision  # our own create, seen back: nothing to count anew
@@ -219,7 +223,7 @@ class Pledger:
             own = _Own(_ONE.decode(entry.value), entry.revision)
         except msgspec.MsgspecError as exc:
             raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
-        self._apply_own(ns, pledge_id, entry.value, entry.revision or 0)
+        self._remember_own(ns, pledge_id, own.pledge, entry.revision or 0)
         return own
 
     async def _write_own(self, ns: str, pledge: Pledge, *, revision: int | None) -> int:
@@ -516,19 +520,18 @@ class Pledger:
                 own = await self._read_own(ns, pledge_id)
                 if own is None:
                     return None
-            one = NamespacePledges(namespace=ns, pledges=(own.pledge,))
-            verdict = pledges.spend_verdict(one, pledge_id, ref=ref)
+            verdict = pledges.verdict(own.pledge, ref=ref)
             if verdict.outcome == "again":
                 return pledge_id
             if verdict.outcome != "spend":
                 return verdict
-            spent = pledges.spent(one, pledge_id, ref=ref, now=self.clock()).pledges[0]
+            spent = pledges.spent_by(own.pledge, ref=ref, now=self.clock())
             try:
                 rev = await self._write_own(ns, spent, revision=own.revision)
             except CasConflict:
                 own = None  # changed meanwhile: read it again
                 continue
-            self._apply_own(ns, pledge_id, _ENCODER.encode(spent), rev)
+            self._remember_own(ns, pledge_id, spent, rev)
             PLEDGES.add(1, {"outcome": "spent"})
             return pledge_id
         raise CasConflict(f"hcs: pledge {ns}/{pledge_id}: {MAX_ATTEMPTS} compare-and-set conflicts")
@@ -630,10 +633,7 @@ class Pledger:
         except HcsError as exc:
             _log.warning("pledge_pods_unreadable", namespace=ns, error=str(exc))
             return 0
-        carried = {
-            ((p.get("metadata") or {}).get("annotations") or {}).get(vocabulary.PLEDGE, "")
-            for p in found
-        }
+        carried = {pledges.pledge_of(p) for p in found}
 
         def pick(doc: NamespacePledges) -> list[Pledge]:
             gone = pledges.orphans(doc, referenced=carried, now=now, after_s=self.orphan_after_s)
@@ -701,7 +701,7 @@ def _why(verdict: pledges.Spend, pledge_id: str) -> str:
             f"pledge {pledge_id} was already used by pod {verdict.pledge.pod} (a copied plan note)"
         )
     if verdict.outcome == "foreign" and verdict.pledge is not None:
-        made = verdict.pledge.name or verdict.pledge.generate_name + "*"
+        made = verdict.pledge.made_for
         return f"pledge {pledge_id} was made for pod {made} (a copied plan note)"
     return f"pledge {pledge_id} is gone (expired or released)"
 

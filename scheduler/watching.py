@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hcs_bus import vocabulary
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import PodRef, Reservation
 from hcs_bus.telemetry import logger
-from scheduler import ledger
+from scheduler import ledger, pledges
 from scheduler.booking import Booker, Kube, pods_key
 from scheduler.state import ClusterState
 from scheduler.viewing import ClusterView
@@ -65,7 +64,7 @@ async def on_pod_event(booker: Booker, kind: str, pod: dict[str, Any]) -> bool:
     if reason is None:
         return False
     ref = pod_ref(pod)
-    pledge = ((pod.get("metadata") or {}).get("annotations") or {}).get(vocabulary.PLEDGE)
+    pledge = pledges.pledge_of(pod)
     if pledge and booker.unpledge is not None:
         await booker.unpledge(ref.namespace, pledge, reason=reason)
     if booker.state.find_pod(pods_key(ref)) is None:
