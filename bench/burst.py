@@ -588,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, kinds in (("plain", plain), (hcs_label, hcs_kinds)):
             if results:
                 clear(cluster, results[-1]["namespace"])
+            print(f"{label} burst: {len(kinds)} pods, {args.workers} clients", flush=True)
             results.append(
                 burst(
                     cluster,
