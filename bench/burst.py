@@ -203,6 +203,7 @@ def burst(
     watcher.start()
     cpu_before = cpu_now(cluster, stack)
     latency_before = histograms(stack)
+    requests_before = api_requests(cluster)
     created_at: dict[str, float] = {}
     errors: list[str] = []
 
@@ -231,6 +232,7 @@ def burst(
         for n, (group, s) in cpu_now(cluster, stack).items()
     }
     latency_after = histograms(stack)
+    requests = api_requests(cluster) - requests_before
     items = cluster.api.items(f"/api/v1/namespaces/{namespace}/pods")
     latencies = sorted(
         watcher.running_at[n] - created_at[n] for n in watcher.running_at if n in created_at
@@ -251,6 +253,7 @@ def burst(
         "create_error_count": len(errors),
         "double_booked": double_booked(stack, items) if label != "plain" else [],
         "cpu_s": cpu,
+        "requests": requests,
         "latency": {
             name: quantiles(latency_before.get(name, {}), after)
             for name, after in latency_after.items()
@@ -313,6 +316,26 @@ def quantiles(
         for q in qs
     ]
     return int(total), found
+
+
+def api_requests(cluster: Cluster) -> collections.Counter[str]:
+    """The API server's requests so far, by verb, resource and subresource
+    (``apiserver_request_total``; watches counted when they open)."""
+    out: collections.Counter[str] = collections.Counter()
+    try:
+        text = cluster.api.request("GET", "/metrics")
+    except (ApiError, OSError):
+        return out
+    for family in text_string_to_metric_families(str(text)):
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            what = labels.get("resource", "") + (
+                f"/{labels['subresource']}" if labels.get("subresource") else ""
+            )
+            out[f"{labels.get('verb', '')} {what}"] += int(sample.value)
+    return out
 
 
 def clear(cluster: Cluster, namespace: str) -> None:
@@ -515,6 +538,7 @@ def report(results: list[dict[str, Any]]) -> None:
                 shown.append(f"{what} n={count} p50<={p50:g}s p99<={p99:g}s")
         if shown:
             print(f"  {r['label']:<8} " + "\n           ".join(shown))
+    report_requests(results)
     print("\nCPU seconds during each burst:")
     for r in results:
         for group in ("hcs", "kube"):
@@ -524,6 +548,19 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"  {r['label']:<8} {group:<4} {total:>7.1f} = "
                 + ", ".join(f"{n} {s:.1f}" for n, s in parts)
             )
+
+
+def report_requests(results: list[dict[str, Any]], *, top: int = 14) -> None:
+    """The API server's busiest request kinds during each burst, per pod."""
+    print("\nAPI server requests per pod during each burst (apiserver_request_total):")
+    kinds = collections.Counter[str]()
+    for r in results:
+        kinds.update(r["requests"])
+    names = [k for k, _ in kinds.most_common(top)]
+    print(f"  {'request':<36}" + "".join(f"{r['label']:>9}" for r in results))
+    for name in names:
+        cells = "".join(f"{r['requests'][name] / max(r['pods'], 1):>9.2f}" for r in results)
+        print(f"  {name:<36}{cells}")
 
 
 def report_room(label: str, room: dict[str, Any]) -> None:
