@@ -184,6 +184,7 @@ class Booker:
         self.spend: Callable[[pods.PodInfo, Demand], Awaitable[tuple[str, str]]] | None = None
         # a pledge dropped when its pod goes away (``Pledger.release``)
         self.unpledge: Callable[..., Awaitable[bool]] | None = None
+        self._docs: dict[str, Doc] = {}  # per node: the document last read or written here
 
     # -- KV documents -----------------------------------------------------
     async def read(self, node: str) -> Doc:
@@ -191,27 +192,59 @@ class Booker:
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
+            self._docs.pop(node, None)
             return Doc(None, None)
         except NatsError as exc:  # timeouts, reconnects: a clear, retryable error
             raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
         if not entry.value:
-            return Doc(None, entry.revision)
-        try:
-            return Doc(_DOC.decode(entry.value), entry.revision)
-        except msgspec.MsgspecError as exc:
-            raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
+            held = Doc(None, entry.revision)
+        else:
+            try:
+                held = Doc(_DOC.decode(entry.value), entry.revision)
+            except msgspec.MsgspecError as exc:
+                raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
+        self._docs[node] = held
+        return held
+
+    def known(self, node: str) -> Doc | None:
+        """The newest document of ``node`` known without a read: the one this
+        replica last read or wrote, or the view's (its KV watch), whichever
+        has the higher revision; None when neither has one.
+
+        A compare-and-set against it is as safe as one after a fresh read: it
+        lands only if that revision is still the latest, else it fails and
+        the caller reads. It saves a KV round trip per write (two per bind).
+        A decision that writes nothing (already there, no longer fits) is not
+        taken on it: the caller reads first (``_held``)."""
+        mine = self._docs.get(node)
+        seen = self.state.revision_of(node)
+        if seen is not None and (mine is None or mine.revision is None or seen > mine.revision):
+            return Doc(self.state.reservations_of(node), seen)
+        return mine if mine is not None and mine.revision is not None else None
+
+    async def _held(self, node: str, *, fresh: bool) -> tuple[Doc, bool]:
+        """(the document to decide on, whether it was just read): the known
+        one unless ``fresh`` is asked or none is known."""
+        if not fresh and (doc := self.known(node)) is not None:
+            return doc, False
+        return await self.read(node), True
 
     async def write(self, node: str, doc: NodeReservations, *, revision: int | None) -> int:
         key, data = subjects.alloc_key(node), messages.encode(doc)
         try:
             if revision is None:
-                return int(await self.kv.create(key, data))
-            return int(await self.kv.update(key, data, last=revision))
+                written = int(await self.kv.create(key, data))
+            else:
+                written = int(await self.kv.update(key, data, last=revision))
         except KeyWrongLastSequenceError as exc:
             CONFLICTS.add(1)
+            self._docs.pop(node, None)
             raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
         except NatsError as exc:
+            self._docs.pop(node, None)
             raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
+        self._docs[node] = Doc(doc, written)
+        return written
 
     # -- bind -------------------------------------------------------------
     async def bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
@@ -267,13 +300,18 @@ class Booker:
         view = self.state.nodes.get(node)
         if view is None:
             return f"hcs: node {node} is unknown to HCS; cannot bind {pod.ref.name}"
+        fresh = False
         for attempt in range(MAX_ATTEMPTS):
-            held = await self.read(node)
+            held, fresh = await self._held(node, fresh=fresh)
             current = held.doc.reservations if held.doc else ()
             mine = next((r for r in current if _same_pod(r.pod, pod.ref)), None)
+            fit = check_node(booked(view, held.doc), demand) if mine is None else None
+            if not fresh and (mine is not None or (fit is not None and not fit.ok)):
+                fresh = True  # no write to check the known document: read it
+                continue
             if mine is not None:
                 return mine
-            fit = check_node(booked(view, held.doc), demand)
+            assert fit is not None
             if not fit.ok:
                 who = f"{pod.ref.namespace}/{pod.ref.name}"
                 return f"hcs: {node} no longer fits {who}: {fit.reason}"
@@ -284,6 +322,7 @@ class Booker:
             try:
                 await self.write(node, doc, revision=held.revision)
             except CasConflict:
+                fresh = True
                 await _backoff(attempt)
                 continue
             return reservation
@@ -395,14 +434,19 @@ class Booker:
         a ``reserved`` one is marked, a missing one added (the pod holds those
         devices whatever the ledger says). True when the document changed; an
         over-commit that an addition reveals is logged and counted."""
+        fresh = False
         for attempt in range(MAX_ATTEMPTS):
-            held = await self.read(node)
+            held, fresh = await self._held(node, fresh=fresh)
             doc = ledger.with_bound(held.doc, reservation, node=node)
             if doc is None:
+                if not fresh:
+                    fresh = True  # nothing to write on a known document: read it
+                    continue
                 return False
             try:
                 await self.write(node, doc, revision=held.revision)
             except CasConflict:
+                fresh = True
                 await _backoff(attempt)
                 continue
             added = ledger.holding(held.doc, reservation.pod) is None

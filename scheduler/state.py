@@ -109,6 +109,7 @@ class ClusterState:
         # node → device index (None: the node) → (verdict, score)
         self._verdicts: dict[str, dict[int | None, tuple[Verdict, int]]] = {}
         self._reservations: dict[str, NodeReservations] = {}
+        self._revisions: dict[str, int] = {}  # KV revision of each document held
         self._node_labels: dict[str, dict[str, str]] = {}
         self.order = FingerprintOrder()
 
@@ -149,12 +150,19 @@ class ClusterState:
             _apply_verdict(node, event.device, event.verdict, score)
         return True
 
-    def apply_reservations(self, node_name: str, doc: NodeReservations | None) -> None:
-        """Replace a node's reservations with the KV document (None = deleted)."""
+    def apply_reservations(
+        self, node_name: str, doc: NodeReservations | None, *, revision: int | None = None
+    ) -> None:
+        """Replace a node's reservations with the KV document (None = deleted)
+        at KV ``revision`` (None: not known)."""
         if doc is None:
             self._reservations.pop(node_name, None)
         else:
             self._reservations[node_name] = doc
+        if doc is None or revision is None:
+            self._revisions.pop(node_name, None)
+        else:
+            self._revisions[node_name] = revision
         node = self.nodes.get(node_name)
         if node is not None:
             _book(node, doc)
@@ -197,6 +205,10 @@ class ClusterState:
 
     def reservations_of(self, node_name: str) -> NodeReservations | None:
         return self._reservations.get(node_name)
+
+    def revision_of(self, node_name: str) -> int | None:
+        """The KV revision of the document ``reservations_of`` holds, if known."""
+        return self._revisions.get(node_name)
 
     def find_pod(self, key: str) -> tuple[str, Reservation] | None:
         for node in self.nodes.values():

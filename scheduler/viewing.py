@@ -148,7 +148,8 @@ class ClusterView:
                 self.state.apply_reservations(node, None)
             else:
                 try:
-                    self.state.apply_reservations(node, decode(entry.value))
+                    doc = decode(entry.value)
+                    self.state.apply_reservations(node, doc, revision=entry.revision)
                 except msgspec.MsgspecError as exc:
                     _log.error("bad_reservation_doc", node=node, rev=entry.revision, error=str(exc))
                     continue
