@@ -400,14 +400,15 @@ class Kube:
         )
 
     async def watch_pods(
-        self, *, field_selector: str | None = None
+        self, *, field_selector: str | None = None, synced: asyncio.Event | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Yield (ADDED|MODIFIED|DELETED, pod) forever: a list first (as ADDED),
         then a watch resumed from the last resourceVersion. On 410 Gone it lists
-        again and yields the difference to what it had seen."""
+        again and yields the difference to what it had seen. ``synced`` is set
+        once every pod of the first list has been yielded (and taken)."""
         query = _selectors(field_selector=field_selector, label_selector=None)
         async for event in self._list_and_watch(
-            "pods", self._core.list_pod_for_all_namespaces, query
+            "pods", self._core.list_pod_for_all_namespaces, query, synced=synced
         ):
             yield event
 

@@ -97,7 +97,7 @@ class Kube(Protocol):
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     def watch_pods(
-        self, *, field_selector: str | None = None
+        self, *, field_selector: str | None = None, synced: asyncio.Event | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
 
     def watch_nodes(

@@ -24,6 +24,7 @@ from hcs_bus.telemetry import logger, meter
 from scheduler import console, gauging, placing, pledging, stranding, watching
 from scheduler.booking import Booker, Kube
 from scheduler.extending import Extender, serve
+from scheduler.pendingpods import PendingPods
 from scheduler.pledging import Pledger
 from scheduler.quotas import QuotaSource, UsedWriter, used_by_namespace
 from scheduler.serving import Planner, PlanService
@@ -57,6 +58,7 @@ class Scheduler:
     extender: Extender
     runner: web.AppRunner | None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    strands: stranding.Stranding | None = None  # with a cluster only
 
     @property
     def port(self) -> int | None:
@@ -135,8 +137,12 @@ async def run(
         runner = await serve(app, host=cfg.extender_host, port=cfg.extender_port)
     running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
     running.append(tasks.start(pledging.sweep_loop(pledger), name="pledge-sweep"))
+    strands = None
     if kube is not None:
-        running.append(tasks.start(watching.watch_pods(kube, booker), name="pod-watch"))
+        scheduler_name = settings.injector.scheduler_name
+        pending = PendingPods(scheduler_name=scheduler_name)  # the watch keeps, the scan reads
+        watch = watching.watch_pods(kube, booker, scheduler_name=scheduler_name, pending=pending)
+        running.append(tasks.start(watch, name="pod-watch"))
         running.append(tasks.start(watching.watch_nodes(kube, view), name="node-watch"))
         used = UsedWriter(
             kube=kube,
@@ -150,8 +156,8 @@ async def run(
         reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)
         running.append(tasks.start(reconciling, name="pod-reconcile"))
         strands = stranding.of_settings(
-            kube=kube, planner=planner, settings=settings, replica=replica
+            kube=kube, planner=planner, settings=settings, replica=replica, pending_pods=pending
         )
         running.append(tasks.start(strands.run(ready=view.ready), name="stranding"))
     _log.info("scheduler_started", replica=replica, cluster=kube is not None)
-    return Scheduler(view, planner, booker, service, extender, runner, running)
+    return Scheduler(view, planner, booker, service, extender, runner, running, strands)

@@ -1,8 +1,11 @@
 """The loop behind ``scheduler.replanning``: once the view is replayed it
 wakes every pending HCS pod (kube-scheduler parked those whose extender
-calls failed during an outage), then every ``stranding_scan_s`` lists the
+calls failed during an outage), then every ``stranding_scan_s`` takes the
 pending HCS pods, wakes those of classes that gained room, and re-plans the
-ones stranded longer than ``replan_after_s``.
+ones stranded longer than ``replan_after_s``. The pending pods are read from
+``pending_pods`` (kept by the pod watch, ``scheduler.pendingpods``) while it
+is synced; without it, or until it is (startup, a watch re-opened), they are
+listed from the API server's watch cache.
 
 Safe with several replicas: a wake is a merge patch (two are two update
 events, no harm); an eviction carries the pod's uid as a precondition, so a
@@ -37,6 +40,7 @@ from hcs_bus.errors import (
 )
 from hcs_bus.telemetry import logger, meter
 from scheduler import planning, replanning
+from scheduler.pendingpods import PendingPods
 from scheduler.replanning import Pending, Stranded
 from scheduler.serving import Planner
 
@@ -98,6 +102,8 @@ class Stranding:
     clock: Callable[[], float] = field(default_factory=lambda: asyncio.get_running_loop().time)
     stranded_since: replanning.Clock = field(default_factory=replanning.Clock)
     waker: replanning.Waker | None = None
+    pending_pods: PendingPods | None = None  # kept by the pod watch; listed without
+    scans: int = 0
     _capacity: dict[str, tuple[int, int, tuple[int, ...]]] | None = None
     _wakes: int = 0
 
@@ -116,6 +122,10 @@ class Stranding:
             await asyncio.sleep(self.scan_s)
 
     async def pending(self) -> list[Pending]:
+        """The pending HCS pods: from the watch's store when it is synced,
+        else listed (the API server's watch cache)."""
+        if self.pending_pods is not None and (kept := self.pending_pods.pods()) is not None:
+            return kept
         listed = await self.kube.list_pods(
             cached=True, field_selector=f"spec.schedulerName={self.scheduler_name},spec.nodeName="
         )
@@ -128,6 +138,7 @@ class Stranding:
 
     async def scan(self) -> tuple[int, int]:
         """One pass: (pods woken, pods re-planned)."""
+        self.scans += 1
         pods = await self.pending()
         summary = self.planner.summary()
         now = self.clock()
@@ -288,9 +299,17 @@ class Stranding:
             pass
 
 
-def of_settings(*, kube: Any, planner: Planner, settings: Any, replica: str) -> Stranding:
+def of_settings(
+    *,
+    kube: Any,
+    planner: Planner,
+    settings: Any,
+    replica: str,
+    pending_pods: PendingPods | None = None,
+) -> Stranding:
     """A ``Stranding`` configured from ``Settings`` (scheduler and injector
-    groups); ``kube`` is the replica's ``hcs_bus.kube.Kube``."""
+    groups); ``kube`` is the replica's ``hcs_bus.kube.Kube``; ``pending_pods``
+    the store its pod watch keeps."""
     cfg = settings.scheduler
     return Stranding(
         kube=kube,
@@ -300,4 +319,5 @@ def of_settings(*, kube: Any, planner: Planner, settings: Any, replica: str) -> 
         replan_after_s=cfg.replan_after_s,
         scan_s=cfg.stranding_scan_s,
         wake_min_interval_s=cfg.wake_min_interval_s,
+        pending_pods=pending_pods,
     )

@@ -9,7 +9,15 @@ which lists the pods and releases every bound reservation whose pod is
 gone or finished. ``reconcile`` also rebuilds the ledger from the pods
 (``scheduler.ledger``): a reservation on a node its pod is not bound to is
 released, and a pod bound by HCS without a ``bound`` reservation gets it
-back from its ``hcs.io/devices`` and ``hcs.io/vram-quota`` annotations."""
+back from its ``hcs.io/devices`` and ``hcs.io/vram-quota`` annotations.
+
+The pod watch follows only the pods whose ``spec.schedulerName`` is HCS's
+(a field selector): every pod HCS binds or pledges for carries it (the
+injector sets it on every pod it plans), so the other pods' events are not
+sent nor decoded. Anything else (a pod whose schedulerName was changed, a
+reservation whose pod is not ours) is still found by ``reconcile``, which
+lists every pod unfiltered. The same watch feeds ``PendingPods``, the
+pending HCS pods the stranding scan reads instead of listing them."""
 
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ from hcs_bus.messages import PodRef, Reservation
 from hcs_bus.telemetry import logger
 from scheduler import ledger, pledges
 from scheduler.booking import Booker, Kube, pods_key
+from scheduler.pendingpods import PendingPods
 from scheduler.state import ClusterState
 from scheduler.viewing import ClusterView
 
@@ -48,11 +57,27 @@ def pod_ref(pod: dict[str, Any]) -> PodRef:
     )
 
 
-async def watch_pods(kube: Kube, booker: Booker, *, retry_s: float = 2.0) -> None:
-    """Follow pod events forever; the watch is re-opened when it ends."""
+async def watch_pods(
+    kube: Kube,
+    booker: Booker,
+    *,
+    scheduler_name: str,
+    pending: PendingPods | None = None,
+    retry_s: float = 2.0,
+) -> None:
+    """Follow the events of HCS's pods forever; the watch is re-opened when
+    it ends. ``pending`` is kept from them, emptied at each (re)start and
+    synced again once the new watch's first list has been taken."""
     while True:
+        synced = None
+        if pending is not None:
+            pending.restart()
+            synced = pending.synced
         try:
-            async for kind, pod in kube.watch_pods():
+            selector = f"spec.schedulerName={scheduler_name}"
+            async for kind, pod in kube.watch_pods(field_selector=selector, synced=synced):
+                if pending is not None:
+                    pending.apply(kind, pod)
                 await on_pod_event(booker, kind, pod)
         except HcsError as exc:
             _log.warning("pod_watch_failed", error=str(exc), retry_s=retry_s)

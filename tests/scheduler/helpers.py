@@ -154,6 +154,7 @@ class FakeKube:
         self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.node_events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.quotas: dict[str, list[dict[str, Any]]] = {}
+        self.pod_selectors: list[str | None] = []  # each pod watch's field selector
 
     async def bind_pod(
         self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
@@ -176,8 +177,11 @@ class FakeKube:
             raise KubeNotFound(f"get pod {namespace}/{name}: not found") from None
 
     async def watch_pods(
-        self, *, field_selector: str | None = None
+        self, *, field_selector: str | None = None, synced: asyncio.Event | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self.pod_selectors.append(field_selector)
+        if synced is not None:  # an empty first list
+            synced.set()
         while True:
             yield await self.events.get()
 

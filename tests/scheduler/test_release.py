@@ -61,7 +61,8 @@ async def test_a_release_request_frees_the_pods_devices(bus: Bus, start_schedule
 async def test_a_deleted_pod_releases_its_devices(
     bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
 ) -> None:
-    apiserver.add_pod("ml-team", "trainer", annotations={"hcs.io/plan": json.dumps(A100_TWO)})
+    notes = {"hcs.io/plan": json.dumps(A100_TWO)}
+    apiserver.add_pod("ml-team", "trainer", annotations=notes, scheduler_name="hcs-scheduler")
     uid = apiserver.pods[("ml-team", "trainer")]["metadata"]["uid"]
     sched = await _bound(bus, start_scheduler, kube, uid=uid)
     apiserver.delete_pod("ml-team", "trainer")

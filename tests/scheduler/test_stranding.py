@@ -48,6 +48,14 @@ async def _start(bus: Bus, start: Start, kube: Any, **cfg: Any) -> Scheduler:
     return sched
 
 
+async def _scans(sched: Scheduler, more: int) -> None:
+    """Wait until the stranding loop has scanned ``more`` times again."""
+    assert sched.strands is not None
+    strands = sched.strands
+    start = strands.scans
+    await until(lambda: strands.scans > start + more)
+
+
 def _pending_pod(
     api: ApiServer, name: str, *, substitution: str = "allow", owned: bool = True
 ) -> str:
@@ -143,13 +151,7 @@ async def test_a_pod_whose_class_has_room_is_left_to_kube_scheduler(
     await until(lambda: _wake(apiserver, "fine") is not None)
     strands = [t for t in sched.tasks if t.get_name() == "stranding"]
     assert strands and not strands[0].done()
-    scans = len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
-    await until(
-        lambda: (
-            len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
-            > scans + 10
-        )
-    )  # well past the 0.3 s deadline
+    await _scans(sched, 10)  # well past the 0.3 s deadline
     assert (NS, "fine") in apiserver.pods
     assert not apiserver.events
 
@@ -217,16 +219,10 @@ async def test_a_pod_bound_after_it_was_read_is_not_deleted(
         apiserver.update_pod(NS, "solo", lambda p: p["spec"].update(nodeName="a100-1"))
 
     apiserver.before("delete", "pods", bind)
-    await _start(bus, start_scheduler, kube)
+    sched = await _start(bus, start_scheduler, kube)
     await until(lambda: _events(apiserver, replanning.EVENT_REASON))
     await until(lambda: [r for r in apiserver.requests if r.verb == "delete"])
-    scans = len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
-    await until(
-        lambda: (
-            len([r for r in apiserver.requests if r.verb == "list" and r.resource == "pods"])
-            > scans + 3
-        )
-    )
+    await _scans(sched, 3)
     pod = apiserver.pods[(NS, "solo")]  # the precondition (resourceVersion) refused it
     assert pod["metadata"]["uid"] == old["metadata"]["uid"]
     (delete,) = [r for r in apiserver.requests if r.verb == "delete"]
@@ -253,3 +249,36 @@ async def test_a_copy_the_api_server_refuses_is_told_in_an_event_and_logged(
     assert len(creates) == 2 and (NS, "solo") not in apiserver.pods
     (failed,) = [e for e in logs if e["event"] == "pod_recreate_failed"]
     assert failed["body"]["spec"] == SUBMITTED_SPEC  # the pod as submitted is not lost
+
+
+def _scan_lists(api: ApiServer) -> int:
+    """The stranding scan's own pod lists (pending HCS pods, not yet bound)."""
+    return len(
+        [
+            r
+            for r in api.requests
+            if r.verb == "list"
+            and r.resource == "pods"
+            and "spec.nodeName=" in r.query.get("fieldSelector", "")
+        ]
+    )
+
+
+async def test_once_the_pod_watch_has_its_list_the_scan_reads_it_and_lists_no_pods(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    await _fill_a100(bus, apiserver)
+    sched = await _start(bus, start_scheduler, kube)
+    assert sched.strands is not None and sched.strands.pending_pods is not None
+    await until(sched.strands.pending_pods.synced.is_set)
+    await _scans(sched, 1)
+    before = _scan_lists(apiserver)
+    uid = _pending_pod(apiserver, "late")  # seen through the pod watch alone
+    await until(lambda: (NS, "late") not in apiserver.pods)
+    (eviction,) = [r for r in apiserver.requests if r.resource == "pods/eviction"]
+    assert eviction.body["deleteOptions"]["preconditions"] == {"uid": uid}
+    await _scans(sched, 5)
+    assert _scan_lists(apiserver) == before
+    watches = [r for r in apiserver.requests if r.verb == "watch" and r.resource == "pods"]
+    assert watches
+    assert {r.query.get("fieldSelector") for r in watches} == {f"spec.schedulerName={SCHED}"}
