@@ -16,7 +16,8 @@ import aiohttp
 from hcs_bus import profiles, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeNotFound
-from hcs_bus.messages import Compute, DeviceFingerprint, Link, NodeFingerprint
+from hcs_bus.messages import Compute, DeviceFingerprint, Link, NodeFingerprint, PodRef, Policy
+from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.state import ClusterState
 
 K8S = Path(__file__).with_name("wire")  # copies of the shared k8s/ extender documents
@@ -143,6 +144,28 @@ A100_TWO = {
     "whole_device": True,
     "acu_per_device": 100.0,
 }
+A100_WHOLE = {**A100_TWO, "devices": 1}  # one whole A100-80G
+
+
+def pod_info(
+    name: str,
+    *,
+    namespace: str = "ml",
+    uid: str | None = None,
+    job: str | None = None,
+    annotation: PlanAnnotation | None = None,
+    pledge: str = "",
+) -> PodInfo:
+    """A pod as placing sees it: no requests, default policy, priority 0."""
+    return PodInfo(
+        ref=PodRef(namespace=namespace, name=name, uid=f"uid-{name}" if uid is None else uid),
+        requests=None,
+        policy=Policy(),
+        annotation=annotation,
+        priority=0,
+        job=job,
+        pledge=pledge,
+    )
 
 
 class FakeKube:

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from hcs_bus.bus import Bus
-from hcs_bus.messages import PlanRequest, PodRef, Policy, Requests
+from hcs_bus.messages import PlanRequest, Requests
 from scheduler import extenders as wire
 from scheduler import placing
 from scheduler.caching import NodeCache, PodMemo
@@ -26,6 +26,7 @@ from tests.scheduler.helpers import (
     k8s_doc,
     node_fp,
     pod,
+    pod_info,
     post,
     publish_fleet,
     state_of,
@@ -223,14 +224,7 @@ def test_the_least_recently_used_demand_goes_first() -> None:
 
 
 def _pod(uid: str, *, name: str = "p") -> PodInfo:
-    return PodInfo(
-        ref=PodRef(namespace="ns", name=name, uid=uid),
-        requests=None,
-        policy=Policy(),
-        annotation=None,
-        priority=0,
-        job=None,
-    )
+    return pod_info(name, namespace="ns", uid=uid)
 
 
 def test_the_pod_memo_is_bounded_in_pods_and_in_bytes() -> None:

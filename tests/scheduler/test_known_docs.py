@@ -9,20 +9,14 @@ from typing import Any
 
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.messages import DeviceSlice, NodeReservations, PodRef, Policy, Reservation
+from hcs_bus.messages import DeviceSlice, NodeReservations, PodRef, Reservation
 from scheduler.booking import Booker
-from scheduler.pods import PlanAnnotation, PodInfo
-from tests.scheduler.helpers import node_fp
+from scheduler.pods import PlanAnnotation
+from tests.scheduler.helpers import A100_WHOLE, node_fp
+from tests.scheduler.helpers import pod_info as _pod
 from tests.scheduler.helpers import state_of as fleet_state
 
-WHOLE = PlanAnnotation(
-    vendor="nvidia",
-    model="A100-80G",
-    devices=1,
-    vram_mib_per_device=81920,
-    whole_device=True,
-    acu_per_device=100.0,
-)
+WHOLE = PlanAnnotation(**A100_WHOLE)
 
 
 class CountingKV:
@@ -37,17 +31,6 @@ class CountingKV:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.kv, name)
-
-
-def _pod(name: str) -> PodInfo:
-    return PodInfo(
-        ref=PodRef(namespace="ml", name=name, uid=f"uid-{name}"),
-        requests=None,
-        policy=Policy(),
-        annotation=None,
-        priority=0,
-        job=None,
-    )
 
 
 def _whole(name: str, index: int) -> Reservation:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import msgspec
 
-from hcs_bus.messages import NodeReservations, PodRef, Policy
+from hcs_bus.messages import NodeReservations
 from scheduler import placing
 from scheduler.caching import NodeCache
 from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.state import ClusterState, booked
-from tests.scheduler.helpers import node_fp, state_of
+from tests.scheduler.helpers import node_fp, pod_info, state_of
 from tests.view.factories import reservation
 
 SLICE = PlanAnnotation(
@@ -86,14 +86,7 @@ def test_a_booked_copy_keeps_the_node_labels() -> None:
 
 
 def _job_pod(name: str) -> PodInfo:
-    return PodInfo(
-        ref=PodRef(namespace="ml", name=name, uid=f"u-{name}"),
-        requests=None,
-        policy=Policy(),
-        annotation=None,
-        priority=0,
-        job="train",
-    )
+    return pod_info(name, uid=f"u-{name}", job="train")
 
 
 def _cache_with_job_on(state: ClusterState, node: str) -> NodeCache:

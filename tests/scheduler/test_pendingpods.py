@@ -18,17 +18,10 @@ from scheduler.pendingpods import PendingPods
 from scheduler.serving import Planner
 from scheduler.state import ClusterState
 from scheduler.stranding import Stranding
+from tests.scheduler.helpers import A100_WHOLE as PLAN
 from tests.scheduler.helpers import FakeKube, until
 
 SCHED = "hcs-scheduler"
-PLAN = {
-    "vendor": "nvidia",
-    "model": "A100-80G",
-    "devices": 1,
-    "vram_mib_per_device": 81920,
-    "whole_device": True,
-    "acu_per_device": 100.0,
-}
 
 
 def _pod(name: str, *, namespace: str = "ml", **spec: Any) -> dict[str, Any]:

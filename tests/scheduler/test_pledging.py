@@ -20,7 +20,7 @@ from scheduler.pledging import Pledger
 from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.serving import ask_plan
 from tests.scheduler.conftest import Start
-from tests.scheduler.helpers import A100_TWO, node_fp, publish_fleet, until
+from tests.scheduler.helpers import A100_TWO, node_fp, pod_info, publish_fleet, until
 
 NODES = ("gpu-0", "gpu-1")
 WHOLE = PlanAnnotation(**{**A100_TWO, "devices": 1})  # one whole A100-80G
@@ -43,15 +43,7 @@ def _request(i: int, *, dry_run: bool = False) -> PlanRequest:
 
 
 def _pod(name: str, *, pledge: str, uid: str | None = None) -> PodInfo:
-    return PodInfo(
-        ref=PodRef(namespace="ml", name=name, uid=uid or f"uid-{name}"),
-        requests=None,
-        policy=Policy(),
-        annotation=WHOLE,
-        priority=0,
-        job=None,
-        pledge=pledge,
-    )
+    return pod_info(name, uid=uid, annotation=WHOLE, pledge=pledge)
 
 
 async def _doc(bus: Bus) -> pledges.NamespacePledges | None:

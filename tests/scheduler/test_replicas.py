@@ -6,14 +6,13 @@ import asyncio
 import random
 
 from hcs_bus.bus import Bus, connect
-from hcs_bus.messages import PodRef, Policy
 from hcs_bus.settings import BusSettings
 from scheduler.pods import PlanAnnotation, PodInfo
 from tests.scheduler.conftest import Start
-from tests.scheduler.helpers import A100_TWO, node_fp, publish_fleet, until
+from tests.scheduler.helpers import A100_WHOLE, node_fp, pod_info, publish_fleet, until
 
 NODES = [f"gpu-{i}" for i in range(4)]
-WHOLE = PlanAnnotation(**{**A100_TWO, "devices": 1})  # one whole A100-80G
+WHOLE = PlanAnnotation(**A100_WHOLE)
 SLICE = PlanAnnotation(
     vendor="nvidia",
     model="A100-80G",
@@ -25,14 +24,7 @@ SLICE = PlanAnnotation(
 
 
 def _pod(i: int) -> PodInfo:
-    return PodInfo(
-        ref=PodRef(namespace="ml", name=f"p{i}", uid=f"u{i}"),
-        requests=None,
-        policy=Policy(),
-        annotation=None,
-        priority=0,
-        job=None,
-    )
+    return pod_info(f"p{i}", uid=f"u{i}")
 
 
 async def test_two_replicas_never_book_the_same_slice(

@@ -16,19 +16,12 @@ from scheduler import replanning
 from scheduler.running import Scheduler
 from tests.apiserver import ApiServer
 from tests.scheduler.conftest import Start
+from tests.scheduler.helpers import A100_WHOLE as A100_PLAN
 from tests.scheduler.helpers import node_fp, publish_fleet, until
 from tests.view.factories import reservation
 
 NS = "ml"
 SCHED = "hcs-scheduler"
-A100_PLAN = {
-    "vendor": "nvidia",
-    "model": "A100-80G",
-    "devices": 1,
-    "vram_mib_per_device": 81920,
-    "whole_device": True,
-    "acu_per_device": 100.0,
-}
 FAST = {"replan_after_s": 0.3, "stranding_scan_s": 0.05, "wake_min_interval_s": 0.1}
 
 
