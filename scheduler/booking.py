@@ -305,27 +305,26 @@ class Booker:
             held, fresh = await self._held(node, fresh=fresh)
             current = held.doc.reservations if held.doc else ()
             mine = next((r for r in current if _same_pod(r.pod, pod.ref)), None)
-            fit = check_node(booked(view, held.doc), demand) if mine is None else None
-            if not fresh and (mine is not None or (fit is not None and not fit.ok)):
-                fresh = True  # no write to check the known document: read it
+            fit = check_node(booked(view, held.doc), demand)
+            if mine is None and fit.ok:
+                reservation = self._reservation(
+                    pod, demand, fit_devices=choose_devices(fit, demand), pledge=pledge
+                )
+                doc = NodeReservations(node=node, reservations=(*current, reservation))
+                try:
+                    await self.write(node, doc, revision=held.revision)
+                except CasConflict:
+                    fresh = True
+                    await _backoff(attempt)
+                    continue
+                return reservation
+            if not fresh:  # nothing written to check the known document: read it
+                fresh = True
                 continue
             if mine is not None:
                 return mine
-            assert fit is not None
-            if not fit.ok:
-                who = f"{pod.ref.namespace}/{pod.ref.name}"
-                return f"hcs: {node} no longer fits {who}: {fit.reason}"
-            reservation = self._reservation(
-                pod, demand, fit_devices=choose_devices(fit, demand), pledge=pledge
-            )
-            doc = NodeReservations(node=node, reservations=(*current, reservation))
-            try:
-                await self.write(node, doc, revision=held.revision)
-            except CasConflict:
-                fresh = True
-                await _backoff(attempt)
-                continue
-            return reservation
+            who = f"{pod.ref.namespace}/{pod.ref.name}"
+            return f"hcs: {node} no longer fits {who}: {fit.reason}"
         raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
 
     def _reservation(

@@ -68,13 +68,12 @@ async def watch_pods(
     """Follow the events of HCS's pods forever; the watch is re-opened when
     it ends. ``pending`` is kept from them, emptied at each (re)start and
     synced again once the new watch's first list has been taken."""
+    selector = f"spec.schedulerName={scheduler_name}"
+    synced = pending.synced if pending is not None else None
     while True:
-        synced = None
         if pending is not None:
             pending.restart()
-            synced = pending.synced
         try:
-            selector = f"spec.schedulerName={scheduler_name}"
             async for kind, pod in kube.watch_pods(field_selector=selector, synced=synced):
                 if pending is not None:
                     pending.apply(kind, pod)
