@@ -143,7 +143,11 @@ async def test_a_device_failed_by_xid_79_is_untainted_by_the_same_leader_after_t
 
 
 async def test_leaders_that_take_over_after_a_kill_untaint_what_their_predecessors_tainted(
-    bus: Bus, apiserver: ApiServer, agents: set[str], start: Start
+    bus: Bus,
+    apiserver: ApiServer,
+    agents: set[str],
+    start: Start,
+    healer_logs: list[dict[str, Any]],
 ) -> None:
     """The e2e sequence: A taints n1 and is killed; B adopts n1, taints n2 and
     is stopped; C adopts both and untaints both once they stayed healthy."""
@@ -157,7 +161,11 @@ async def test_leaders_that_take_over_after_a_kill_untaint_what_their_predecesso
     b = await start("b")  # a follower while A holds the Lease
     await kill(a)
     await wait_until(lambda: b.ready.is_set() and {"n1", "n2"} <= b.read_nodes, timeout_s=10)
-    assert b.nodes["n1"].effect == "NoSchedule"  # adopted
+    # B adopted A's taint. Told by its log, not its state: on a loaded machine
+    # B may read n2 (a retry after a failed read) more than the recovery window
+    # after it adopted n1, and by then it has rightly untainted n1 (CI, once).
+    adopted = [e for e in healer_logs if e["event"] == "taint_adopted" and e["node"] == "n1"]
+    assert [e["effect"] for e in adopted] == ["NoSchedule"]
     await fail(bus, "n2", device=3)
     await wait_until(lambda: ours(apiserver, "n2") is not None, timeout_s=5)
     c = await start("c")
