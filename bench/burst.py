@@ -203,6 +203,7 @@ def burst(
     watcher.start()
     cpu_before = cpu_now(cluster, stack)
     latency_before = histograms(stack)
+    counted_before = counters(stack)
     requests_before = api_requests(cluster)
     created_at: dict[str, float] = {}
     errors: list[str] = []
@@ -232,6 +233,7 @@ def burst(
         for n, (group, s) in cpu_now(cluster, stack).items()
     }
     latency_after = histograms(stack)
+    counted_after = counters(stack)
     requests = api_requests(cluster) - requests_before
     items = cluster.api.items(f"/api/v1/namespaces/{namespace}/pods")
     latencies = sorted(
@@ -254,6 +256,7 @@ def burst(
         "double_booked": double_booked(stack, items) if label != "plain" else [],
         "cpu_s": cpu,
         "requests": requests,
+        "counted": {n: v - counted_before.get(n, 0.0) for n, v in counted_after.items()},
         "latency": {
             name: quantiles(latency_before.get(name, {}), after)
             for name, after in latency_after.items()
@@ -277,18 +280,44 @@ LATENCIES = (
 )
 
 
+# what the scheduler wrote during a burst: (part, counter, what), per pod
+COUNTERS = (
+    ("scheduler", "hcs_scheduler_node_writes", "node document writes"),
+    ("scheduler", "hcs_scheduler_cas_conflicts", "compare-and-set conflicts"),
+)
+
+
+def _metrics_text(stack: Stack, part: str) -> str:
+    port = stack.metrics_ports.get(part)
+    if not port:
+        return ""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+    except OSError:
+        return ""
+
+
+def counters(stack: Stack) -> dict[str, float]:
+    """Each of ``COUNTERS`` so far, summed over its labels."""
+    out: dict[str, float] = {}
+    for part, name, _what in COUNTERS:
+        total = 0.0
+        for family in text_string_to_metric_families(_metrics_text(stack, part)):
+            for sample in family.samples:
+                if sample.name in (name, f"{name}_total"):
+                    total += sample.value
+        out[name] = total
+    return out
+
+
 def histograms(stack: Stack) -> dict[str, dict[float, float]]:
     """Each of ``LATENCIES``: cumulative count per bucket bound, summed over
     its labels (empty when the part serves no /metrics)."""
     out: dict[str, dict[float, float]] = {}
     for part, name, _what in LATENCIES:
-        port = stack.metrics_ports.get(part)
-        if not port:
-            continue
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                text = resp.read().decode()
-        except OSError:
+        text = _metrics_text(stack, part)
+        if not text:
             continue
         metric, _, selector = name.partition("{")
         wanted = dict(kv.split("=") for kv in selector.rstrip("}").split(",") if kv)
@@ -538,6 +567,13 @@ def report(results: list[dict[str, Any]]) -> None:
                 shown.append(f"{what} n={count} p50<={p50:g}s p99<={p99:g}s")
         if shown:
             print(f"  {r['label']:<8} " + "\n           ".join(shown))
+    print("\nScheduler writes per pod during each burst:")
+    for r in results:
+        shown = [
+            f"{what} {r['counted'].get(name, 0.0) / max(r['pods'], 1):.2f}"
+            for _p, name, what in COUNTERS
+        ]
+        print(f"  {r['label']:<8} " + ", ".join(shown))
     report_requests(results)
     print("\nCPU seconds during each burst:")
     for r in results:

@@ -11,6 +11,10 @@ Bind: reserve (``reserved``) → POST the Binding with the ``hcs.io/*``
 annotations (devices, VRAM quota, resume point, collective-library flags)
 → mark ``bound`` (restoring the reservation if it vanished meanwhile) →
 publish ``AllocationEvent bound``. A failed Binding releases the reservation.
+Every change of a node's document (reserve, mark, release) goes through
+one group commit per node (``scheduler.batching``): changes that arrive
+while a write is on its way are applied together and written once, so binds
+crowding one node do not race each other's compare-and-set.
 One left ``reserved`` longer than ``reserve_ttl_s`` is checked against its
 pod first: bound to that node → marked ``bound`` (a crash between the
 Binding and the mark); gone or not bound there → ``AllocationEvent
@@ -25,6 +29,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
@@ -45,6 +50,7 @@ from hcs_bus.messages import (
 )
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, span, zero_init
 from scheduler import ledger, pods
+from scheduler.batching import Batches
 from scheduler.collectives import collective_annotations
 from scheduler.ledger import BindingOutcome
 from scheduler.placing import Demand, check_node, choose_devices
@@ -55,6 +61,11 @@ _meter = meter("hcs.scheduler")
 BINDS = _meter.create_counter("hcs_scheduler_binds", description="bind outcomes")
 CONFLICTS = zero_init(
     _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
+)
+WRITES = zero_init(
+    _meter.create_counter(
+        "hcs_scheduler_node_writes", description="node reservation documents written to KV"
+    )
 )
 BIND_SECONDS = _meter.create_histogram(
     "hcs_scheduler_bind_seconds",
@@ -163,6 +174,21 @@ def expired(doc: NodeReservations, *, now: float, ttl_s: float) -> list[Reservat
 _same_pod = ledger.same_pod
 
 
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """What an edit makes of a node document: the new one (None: unchanged)
+    and the answer for its caller once it is written."""
+
+    doc: NodeReservations | None
+    result: Any
+
+
+# an edit of a node document: (document, just read?) -> its change, or None
+# to be asked again on a fresh read (a no-write answer is never decided on
+# a document that may be stale)
+_Edit = Callable[[NodeReservations | None, bool], _Change | None]
+
+
 class Booker:
     """Bind, release and expire reservations for one replica."""
 
@@ -185,6 +211,8 @@ class Booker:
         # a pledge dropped when its pod goes away (``Pledger.release``)
         self.unpledge: Callable[..., Awaitable[bool]] | None = None
         self._docs: dict[str, Doc] = {}  # per node: the document last read or written here
+        # every change of a node document goes through here: one write per batch
+        self.batches: Batches[str, _Edit, Any] = Batches(self._commit)
 
     # -- KV documents -----------------------------------------------------
     async def read(self, node: str) -> Doc:
@@ -243,6 +271,7 @@ class Booker:
         except NatsError as exc:
             self._docs.pop(node, None)
             raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
+        WRITES.add(1)
         self._docs[node] = Doc(doc, written)
         return written
 
@@ -300,32 +329,27 @@ class Booker:
         view = self.state.nodes.get(node)
         if view is None:
             return f"hcs: node {node} is unknown to HCS; cannot bind {pod.ref.name}"
-        fresh = False
-        for attempt in range(MAX_ATTEMPTS):
-            held, fresh = await self._held(node, fresh=fresh)
-            current = held.doc.reservations if held.doc else ()
+
+        def reserve(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            current = doc.reservations if doc else ()
             mine = next((r for r in current if _same_pod(r.pod, pod.ref)), None)
-            fit = check_node(booked(view, held.doc), demand)
+            now = self.state.nodes.get(node) or view
+            fit = check_node(booked(now, doc), demand)
             if mine is None and fit.ok:
                 reservation = self._reservation(
                     pod, demand, fit_devices=choose_devices(fit, demand), pledge=pledge
                 )
-                doc = NodeReservations(node=node, reservations=(*current, reservation))
-                try:
-                    await self.write(node, doc, revision=held.revision)
-                except CasConflict:
-                    fresh = True
-                    await _backoff(attempt)
-                    continue
-                return reservation
-            if not fresh:  # nothing written to check the known document: read it
-                fresh = True
-                continue
+                added = NodeReservations(node=node, reservations=(*current, reservation))
+                return _Change(added, reservation)
+            if not fresh:  # nothing to write to check the known document: read it
+                return None
             if mine is not None:
-                return mine
+                return _Change(None, mine)
             who = f"{pod.ref.namespace}/{pod.ref.name}"
-            return f"hcs: {node} no longer fits {who}: {fit.reason}"
-        raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
+            return _Change(None, f"hcs: {node} no longer fits {who}: {fit.reason}")
+
+        found: Reservation | str = await self.batches.submit(node, reserve)
+        return found
 
     def _reservation(
         self, pod: pods.PodInfo, demand: Demand, *, fit_devices: list[Any], pledge: str = ""
@@ -433,29 +457,21 @@ class Booker:
         a ``reserved`` one is marked, a missing one added (the pod holds those
         devices whatever the ledger says). True when the document changed; an
         over-commit that an addition reveals is logged and counted."""
-        fresh = False
-        for attempt in range(MAX_ATTEMPTS):
-            held, fresh = await self._held(node, fresh=fresh)
-            doc = ledger.with_bound(held.doc, reservation, node=node)
-            if doc is None:
-                if not fresh:
-                    fresh = True  # nothing to write on a known document: read it
-                    continue
-                return False
-            try:
-                await self.write(node, doc, revision=held.revision)
-            except CasConflict:
-                fresh = True
-                await _backoff(attempt)
-                continue
-            added = ledger.holding(held.doc, reservation.pod) is None
-            if added:
-                _log.warning(
-                    "reservation_restored", node=node, pod=pods_key(reservation.pod), reason=reason
-                )
-                self.report_overcommit(node, doc)
-            return True
-        raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
+
+        def mark(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            marked = ledger.with_bound(doc, reservation, node=node)
+            if marked is None:  # already bound: decided on a document just read
+                return _Change(None, None) if fresh else None
+            added = ledger.holding(doc, reservation.pod) is None
+            return _Change(marked, marked if added else True)
+
+        outcome: NodeReservations | bool | None = await self.batches.submit(node, mark)
+        if isinstance(outcome, NodeReservations):  # the pod's reservation was missing
+            _log.warning(
+                "reservation_restored", node=node, pod=pods_key(reservation.pod), reason=reason
+            )
+            self.report_overcommit(node, outcome)
+        return outcome is not None
 
     def report_overcommit(self, node: str, doc: NodeReservations) -> list[ledger.Overcommit]:
         """Log and count every over-committed device of ``doc`` (the ledger
@@ -478,18 +494,19 @@ class Booker:
             if found is None:
                 return None
             node = found[0]
-        gone: list[Reservation] = []
 
-        def drop(r: Reservation) -> Reservation | None:
-            if _same_pod(r.pod, ref):
-                gone.append(r)
-                return None
-            return r
+        def drop(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            held = doc.reservations if doc is not None else ()
+            gone = [r for r in held if _same_pod(r.pod, ref)]
+            if gone and doc is not None:
+                kept = tuple(r for r in held if not _same_pod(r.pod, ref))
+                return _Change(NodeReservations(node=node, reservations=kept), gone[-1])
+            return _Change(None, None) if fresh else None  # nothing to drop: on a fresh read
 
-        await self._edit(node, drop)
-        if not gone:
+        dropped: Reservation | None = await self.batches.submit(node, drop)
+        if dropped is None:
             return None
-        return await self.announce(node, gone[-1], state=state, reason=reason)
+        return await self.announce(node, dropped, state=state, reason=reason)
 
     async def expire(self, *, ttl_s: float) -> int:
         """Expire reservations left ``reserved`` longer than ``ttl_s`` whose pod
@@ -527,22 +544,36 @@ class Booker:
         )
         return event is not None
 
-    async def _edit(self, node: str, change: Callable[[Reservation], Reservation | None]) -> None:
+    async def _commit(self, node: str, edits: list[_Edit]) -> list[Any]:
+        """Apply a batch of edits to ``node``'s document in order and write it
+        once (``batching``). An edit decided on the known document (``_held``)
+        that would write nothing is asked again on a fresh read; a lost
+        compare-and-set reads and applies the whole batch again."""
+        results: list[Any] = [None] * len(edits)
+        todo, fresh = list(range(len(edits))), False
         for attempt in range(MAX_ATTEMPTS):
-            held = await self.read(node)
-            if held.doc is None:
-                return
-            kept = tuple(r for r in (change(r) for r in held.doc.reservations) if r is not None)
-            if kept == held.doc.reservations:
-                return
-            try:
-                await self.write(
-                    node, NodeReservations(node=node, reservations=kept), revision=held.revision
-                )
-                return
-            except CasConflict:
-                await _backoff(attempt)
-                continue
+            held, fresh = await self._held(node, fresh=fresh)
+            doc, changed, later, got = held.doc, False, [], {}
+            for i in todo:
+                change = edits[i](doc, fresh)
+                if change is None:
+                    later.append(i)
+                    continue
+                if change.doc is not None:
+                    doc, changed = change.doc, True
+                got[i] = change.result
+            if changed and doc is not None:
+                try:
+                    await self.write(node, doc, revision=held.revision)
+                except CasConflict:
+                    fresh = True
+                    await _backoff(attempt)
+                    continue
+            for i, result in got.items():
+                results[i] = result
+            if not later:
+                return results
+            todo, fresh = later, True
         raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
 
     async def announce(

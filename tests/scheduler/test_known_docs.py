@@ -1,10 +1,13 @@
 """Binds compare-and-set against the node document the replica already knows
 (its own last write, or the view's KV watch) instead of reading it first; a
 stale one costs a failed write and a read, never a double booking, and no
-refusal is taken on it without a read."""
+refusal is taken on it without a read. Binds on one node at once share their
+writes (``scheduler.batching``); a lost compare-and-set applies the whole
+batch again to the winner's document."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from hcs_bus import messages, streams, subjects
@@ -20,14 +23,22 @@ WHOLE = PlanAnnotation(**A100_WHOLE)
 
 
 class CountingKV:
-    """The real KV, counting reads."""
+    """The real KV, counting reads and compare-and-set writes; ``before_update``
+    runs before the write it is given (another replica's write, say)."""
 
     def __init__(self, kv: Any) -> None:
-        self.kv, self.gets = kv, 0
+        self.kv, self.gets, self.updates = kv, 0, 0
+        self.before_update: dict[int, Any] = {}  # write number -> coroutine function
 
     async def get(self, key: str) -> Any:
         self.gets += 1
         return await self.kv.get(key)
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        self.updates += 1
+        if (meddle := self.before_update.pop(self.updates, None)) is not None:
+            await meddle()
+        return int(await self.kv.update(key, value, last=last))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.kv, name)
@@ -99,3 +110,48 @@ async def test_no_refusal_on_a_known_document_without_a_read(bus: Bus) -> None:
     assert await booker.bind(_pod("fits"), WHOLE, node="gpu-1") == ""
     assert kv.gets >= 1
     assert (await _names(booker))["fits"] == "bound"
+
+
+async def test_binds_on_one_node_at_once_share_their_writes(bus: Bus) -> None:
+    booker, kv, _ = await _setup(bus, held=0)
+    names = [f"p{i}" for i in range(6)]
+    errors = await asyncio.gather(*(booker.bind(_pod(n), WHOLE, node="gpu-1") for n in names))
+    assert errors == [""] * 6
+    doc = (await booker.read("gpu-1")).doc
+    assert doc is not None
+    assert {r.pod.name: r.state for r in doc.reservations} == dict.fromkeys(names, "bound")
+    devices = [d.index for r in doc.reservations for d in r.devices]
+    assert sorted(devices) == sorted(set(devices))  # no device given twice
+    # one write per change would be 12 (a reserve and a mark each), more with
+    # the conflicts of writes racing one another
+    assert kv.updates < 12
+    assert booker.batches.changes == 12
+    assert booker.batches.batches < 12
+
+
+async def test_a_lost_compare_and_set_applies_the_whole_batch_again(bus: Bus) -> None:
+    booker, kv, _ = await _setup(bus, held=0)
+    key = subjects.alloc_key("gpu-1")
+
+    async def other_replica_takes_five() -> None:
+        entry = await kv.kv.get(key)
+        doc = messages.decode(entry.value, NodeReservations)
+        others = tuple(_whole(f"o{i}", i) for i in range(1, 6))  # p0 holds device 0
+        taken = NodeReservations(node="gpu-1", reservations=(*doc.reservations, *others))
+        await kv.kv.update(key, messages.encode(taken), last=entry.revision)
+
+    # write 1: p0's reserve alone; write 2: the batch of the three others,
+    # which loses to the other replica and is applied again to its document
+    kv.before_update[2] = other_replica_takes_five
+    first = asyncio.create_task(booker._reserve(_pod("p0"), WHOLE, node="gpu-1"))
+    rest = [booker._reserve(_pod(n), WHOLE, node="gpu-1") for n in ("p1", "p2", "p3")]
+    got = await asyncio.gather(first, *rest)
+    assert kv.gets >= 1  # the lost write sent the batch to read
+    kept = [g for g in got if not isinstance(g, str)]
+    refused = [g for g in got if isinstance(g, str)]
+    assert len(kept) == 3 and len(refused) == 1  # 8 devices: 5 others', 3 left
+    assert "no longer fits" in refused[0]
+    doc = (await booker.read("gpu-1")).doc
+    assert doc is not None and len(doc.reservations) == 8
+    devices = [d.index for r in doc.reservations for d in r.devices]
+    assert sorted(devices) == list(range(8))

@@ -1,0 +1,109 @@
+"""Group commit per key (``scheduler.batching``): changes that arrive while a
+write is on its way go together in the next one, each gets its own result,
+and a failure or a cancellation reaches exactly the changes it concerns."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hcs_bus.errors import BusUnavailable, CasConflict
+from scheduler.batching import Batches
+
+
+class Store:
+    """A commit that records each batch and holds it until its gate opens."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, list[str]]] = []
+        self.gates: list[asyncio.Event] = []
+        self.fail: dict[int, Exception] = {}  # batch number -> the error it raises
+
+    async def commit(self, key: str, changes: list[str]) -> list[str | BaseException]:
+        self.batches.append((key, changes))
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        if (error := self.fail.get(len(self.batches))) is not None:
+            raise error
+        return [f"{key}:{c}" if c != "bad" else CasConflict("bad one") for c in changes]
+
+    async def opened(self, count: int) -> None:
+        """Wait until ``count`` batches are held, then open the last one."""
+        while len(self.gates) < count:
+            await asyncio.sleep(0)
+        self.gates[count - 1].set()
+
+
+async def test_changes_that_arrive_during_a_write_go_together_in_the_next() -> None:
+    store = Store()
+    batches: Batches[str, str, str] = Batches(store.commit)
+    first = asyncio.create_task(batches.submit("n1", "a"))
+    await asyncio.sleep(0)  # "a" is being written
+    later = [asyncio.create_task(batches.submit("n1", c)) for c in ("b", "c", "d")]
+    other = asyncio.create_task(batches.submit("n2", "x"))  # another key: its own write
+    await store.opened(1)
+    await store.opened(2)
+    await store.opened(3)
+    assert await first == "n1:a"
+    assert [await t for t in later] == ["n1:b", "n1:c", "n1:d"]
+    assert await other == "n2:x"
+    assert sorted(store.batches) == [("n1", ["a"]), ("n1", ["b", "c", "d"]), ("n2", ["x"])]
+    assert (batches.batches, batches.changes) == (3, 5)
+
+
+async def test_each_change_gets_its_own_error() -> None:
+    store = Store()
+    batches: Batches[str, str, str] = Batches(store.commit)
+    first = asyncio.create_task(batches.submit("n1", "a"))
+    await asyncio.sleep(0)
+    good, bad = (asyncio.create_task(batches.submit("n1", c)) for c in ("b", "bad"))
+    await store.opened(1)
+    await store.opened(2)
+    assert await first == "n1:a"
+    assert await good == "n1:b"
+    with pytest.raises(CasConflict, match="bad one"):
+        await bad
+
+
+async def test_a_failed_write_fails_its_batch_and_the_next_batch_goes_on() -> None:
+    store = Store()
+    store.fail[2] = BusUnavailable("hcs: cannot write n1")
+    batches: Batches[str, str, str] = Batches(store.commit)
+    first = asyncio.create_task(batches.submit("n1", "a"))
+    await asyncio.sleep(0)
+    failed = [asyncio.create_task(batches.submit("n1", c)) for c in ("b", "c")]
+    await store.opened(1)
+    while len(store.batches) < 2:
+        await asyncio.sleep(0)
+    after = asyncio.create_task(batches.submit("n1", "d"))  # during the failing write
+    await store.opened(2)
+    await store.opened(3)
+    assert await first == "n1:a"
+    for task in failed:
+        with pytest.raises(BusUnavailable, match="cannot write n1"):
+            await task
+    assert await after == "n1:d"
+
+
+async def test_cancelling_the_writer_fails_the_others_with_a_retryable_error() -> None:
+    store = Store()
+    batches: Batches[str, str, str] = Batches(store.commit)
+    writer = asyncio.create_task(batches.submit("n1", "a"))
+    await asyncio.sleep(0)
+    riders = [asyncio.create_task(batches.submit("n1", c)) for c in ("b", "c")]
+    await store.opened(1)
+    while len(store.batches) < 2:  # the writer now writes "b" and "c" for them
+        await asyncio.sleep(0)
+    waiting = asyncio.create_task(batches.submit("n1", "d"))  # queued behind that write
+    await asyncio.sleep(0)
+    writer.cancel()
+    for task in (*riders, waiting):
+        with pytest.raises(BusUnavailable, match="interrupted"):
+            await task
+    assert writer.cancelled()
+    # the key is free again: the next change is written at once
+    fresh = asyncio.create_task(batches.submit("n1", "e"))
+    await store.opened(3)
+    assert await fresh == "n1:e"
