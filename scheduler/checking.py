@@ -127,7 +127,10 @@ async def inconsistencies(
     nodes = set(docs) | {n for n in (ledger.node_of(p) for p in pods_now) if n}
     devices = await read_devices(bus, nodes)
     found = ledger.inconsistencies(docs=docs, pods_now=pods_now, devices=devices)
-    return found + pledgecheck.problems(docs=pledged, pods_now=pods_now, now=now, limits=limits)
+    reserved = {r.pledge for doc in docs.values() for r in doc.reservations if r.pledge}
+    return found + pledgecheck.problems(
+        docs=pledged, pods_now=pods_now, now=now, limits=limits, reserved=reserved
+    )
 
 
 async def check(

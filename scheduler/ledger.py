@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from hcs_bus import vocabulary
 from hcs_bus.messages import DeviceFingerprint, DeviceSlice, NodeReservations, PodRef, Reservation
 from scheduler import pods
 
@@ -60,6 +61,7 @@ class Claim:
     plan: pods.PlanAnnotation | None
     priority: int = 0
     job: str | None = None
+    pledge: str = ""  # ``hcs.io/pledge``: a rebuilt reservation carries it too
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,7 @@ def claim_of(pod: Mapping[str, Any]) -> Claim | None:
         plan=plan,
         priority=int((pod.get("spec") or {}).get("priority") or 0),
         job=labels.get(pods.JOB_KEY) or notes.get(pods.JOB_KEY) or None,
+        pledge=str(notes.get(vocabulary.PLEDGE) or ""),
     )
 
 
@@ -188,6 +191,7 @@ def rebuilt(claim: Claim, devices: Mapping[int, DeviceFingerprint], *, now: floa
         acu=acu,
         job=claim.job,
         priority=claim.priority,
+        pledge=claim.pledge,
     )
 
 

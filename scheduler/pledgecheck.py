@@ -6,8 +6,9 @@ What a healthy ledger never shows, once its sweeps had time to run:
 
 * a pod whose ``hcs.io/pledge`` names a pledge made for another pod or spent
   by another pod (a copied plan note that got through);
-* a pod bound to a node while its pledge is still unspent (bind spends it
-  before it reserves);
+* a pod bound to a node while its pledge is neither spent nor carried by a
+  reservation (bind spends it before it reserves under a quota; without one
+  the reservation carrying its id retires it);
 * a spent pledge whose pod is gone, ``grace_s`` after it was spent (deleting
   the pod releases its pledge and its reservation);
 * an unspent pledge older than the pledge TTL, or one no pod carries for
@@ -46,20 +47,25 @@ def problems(
     pods_now: Iterable[Mapping[str, Any]],
     now: float,
     limits: Limits,
+    reserved: Iterable[str] = (),
 ) -> list[Problem]:
     """Every pledge that disagrees with the pods (``docs``: namespace →
-    its pledges, from both storage forms)."""
+    its pledges, from both storage forms; ``reserved``: the pledge ids the
+    ledger's reservations carry)."""
     live = {(r.namespace, r.name): p for p in pods_now if (r := ledger.ref_of(p)).name}
-    out = _carried(docs, live)
-    out += _unspent(docs, live, now=now, limits=limits)
+    held = frozenset(reserved)
+    out = _carried(docs, live, reserved=held)
+    out += _unspent(docs, live, now=now, limits=limits, reserved=held)
     out += _spent_by_gone(docs, live, now=now, limits=limits)
     out += _spent_twice(docs, live)
     return out
 
 
-def _carried(docs: Mapping[str, NamespacePledges], live: Pods) -> list[Problem]:
+def _carried(
+    docs: Mapping[str, NamespacePledges], live: Pods, *, reserved: frozenset[str]
+) -> list[Problem]:
     """Pods carrying a pledge that is not theirs, and bound pods whose pledge
-    is unspent."""
+    is unspent and carried by no reservation."""
     out: list[Problem] = []
     for (ns, name), pod in sorted(live.items()):
         pid = pledge_of(pod)
@@ -73,8 +79,8 @@ def _carried(docs: Mapping[str, NamespacePledges], live: Pods) -> list[Problem]:
             why = f"pledge {pid} was spent by pod {ns}/{found.pod} (uid {found.uid or '?'})"
         elif verdict.outcome == "foreign" and found is not None:
             why = f"pledge {pid} was made for pod {ns}/{found.made_for}"
-        elif verdict.outcome == "spend" and node:
-            why = f"pledge {pid} is unspent; bind spends it before it reserves"
+        elif verdict.outcome == "spend" and node and pid not in reserved:
+            why = f"pledge {pid} is unspent and no reservation carries it"
             out.append(Problem("bound pod with unspent pledge", node, why, who, pid))
             continue
         else:
@@ -84,7 +90,12 @@ def _carried(docs: Mapping[str, NamespacePledges], live: Pods) -> list[Problem]:
 
 
 def _unspent(
-    docs: Mapping[str, NamespacePledges], live: Pods, *, now: float, limits: Limits
+    docs: Mapping[str, NamespacePledges],
+    live: Pods,
+    *,
+    now: float,
+    limits: Limits,
+    reserved: frozenset[str],
 ) -> list[Problem]:
     """Unspent pledges the sweep should have dropped (``pledges.sweep`` and
     ``pledges.orphans``, given the slack): past the TTL, or carried by no pod
@@ -93,7 +104,7 @@ def _unspent(
     for ns, doc in sorted(docs.items()):
         carried = [pledge_of(p) for (pod_ns, _), p in live.items() if pod_ns == ns]
         ttl_s, orphan_s = limits.ttl_s + limits.slack_s, limits.orphan_after_s + limits.slack_s
-        expired, _done = pledges.sweep(doc, now=now, ttl_s=ttl_s, grace_s=ttl_s)
+        expired, _done = pledges.sweep(doc, now=now, ttl_s=ttl_s, grace_s=ttl_s, reserved=reserved)
         for p in expired:
             why = (
                 f"pledge {p.id} unspent for {now - p.time_s:.0f} s, past the pledge TTL of "

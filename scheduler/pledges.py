@@ -14,8 +14,9 @@ verdicts do too (a burst never passes a quota). Keys are one token with
   point that keeps two replicas from both promising the last share of the
   quota (the document is as large as the quota lets it be);
 * a namespace **without one** has nothing to serialize: each pledge is its
-  own key, ``pledges=<namespace>=<id>``, created once, spent with
-  compare-and-set on its own revision, deleted when done. A burst of a
+  own key, ``pledges=<namespace>=<id>``, created once and deleted when done;
+  it is never spent (no quota to hold a copied plan note to: capacity is
+  bind's compare-and-set), the reservation carrying its id retires it. A burst of a
   thousand pods then writes a thousand small values, not a thousand
   rewrites of a growing document (bench.burst: that rewrite and its
   decoding in every replica's watch was a quarter of the scheduler's CPU).
@@ -23,14 +24,16 @@ verdicts do too (a burst never passes a quota). Keys are one token with
 Life of a pledge::
 
     made (admission) ──bind──▶ spent (uid of the pod) ──grace──▶ gone
-        │                         the pod's reservation carries the pledge id
+        │      │                  the pod's reservation carries the pledge id
+        │      └─ no quota: reserved (the reservation carries its id) ──grace──▶ gone
         └─ ttl, pod never bound / pod deleted ──▶ gone
 
-A pledge is *single use*: it is spent by one pod (its uid recorded), and a
-second pod presenting it (a copied plan note) is told so (``spend_verdict``).
-A spent pledge stays counted until the view shows the reservation that
-carries its id (then the reservation counts, never both), and is dropped a
-``grace_s`` after it was spent once that is so (``sweep``).
+Under a quota a pledge is *single use*: it is spent by one pod (its uid
+recorded), and a second pod presenting it (a copied plan note) is told so
+(``spend_verdict``). A pledge stays counted until the view shows a
+reservation that carries its id (then the reservation counts, never both),
+and is dropped a ``grace_s`` after it was spent, or made when it was never
+spent, once that is so (``sweep``).
 """
 
 from __future__ import annotations
@@ -158,12 +161,13 @@ def namespace_of(key: str) -> str:
 
 
 def outstanding(doc: NamespacePledges | None, *, reserved: Iterable[str] = ()) -> list[Pledge]:
-    """The pledges that still hold capacity: unspent ones, and spent ones
-    whose reservation (carrying the pledge id) is not in ``reserved`` yet."""
+    """The pledges that still hold capacity: those no reservation in
+    ``reserved`` carries yet (spent or not: a pledge of a namespace without
+    a quota is never spent, its reservation retires it)."""
     if doc is None:
         return []
     seen = set(reserved)
-    return [p for p in doc.pledges if p.spent_s is None or p.id not in seen]
+    return [p for p in doc.pledges if p.id not in seen]
 
 
 def held(pledges: Iterable[Pledge]) -> Held:
@@ -265,16 +269,19 @@ def sweep(
     grace_s: float,
     reserved: Iterable[str] = (),
 ) -> tuple[list[Pledge], list[Pledge]]:
-    """(expired, done): unspent pledges older than ``ttl_s`` (their pod was
-    never bound), and spent ones whose reservation is in ``reserved`` for
-    ``grace_s`` (or spent ``ttl_s`` ago with none: the Binding failed and the
-    pod went away)."""
+    """(expired, done): unspent pledges older than ``ttl_s`` with no
+    reservation (their pod was never bound), unspent ones older than
+    ``grace_s`` whose reservation is in ``reserved`` (no quota: never spent),
+    and spent ones whose reservation is in ``reserved`` for ``grace_s`` (or
+    spent ``ttl_s`` ago with none: the Binding failed and the pod went away)."""
     seen = set(reserved)
     expired: list[Pledge] = []
     done: list[Pledge] = []
     for p in doc.pledges:
         if p.spent_s is None:
-            if now - p.time_s > ttl_s:
+            if p.id in seen and now - p.time_s > grace_s:
+                done.append(p)
+            elif now - p.time_s > ttl_s:
                 expired.append(p)
         elif (p.id in seen and now - p.spent_s > grace_s) or now - p.spent_s > ttl_s:
             done.append(p)

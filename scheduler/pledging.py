@@ -1,6 +1,7 @@
 """Pledges in KV ``hcs_alloc`` (rules and key layout in ``scheduler.pledges``):
-made when a non-dry-run plan is given, spent at bind, swept when expired or
-done, released when the pod is deleted.
+made when a non-dry-run plan is given, spent at bind (under a quota; without
+one the reservation carrying its id retires it), swept when expired or done,
+released when the pod is deleted.
 
 A namespace with a ComputeQuota: plan and pledge are one step per namespace.
 The namespace's document is read (or taken from the last write), the plan is
@@ -11,7 +12,8 @@ racing itself.
 
 A namespace without one: each pledge is created under its own key and
 counted here at once (before the create is answered), so the next plan of a
-burst already sees it; spending is a compare-and-set on that key alone.
+burst already sees it; bind writes nothing to it (the reservation carries
+its id, and the sweep deletes it once the view shows that reservation).
 
 Other replicas' pledges (for class room) come from the view's KV watch
 (``apply``), and so do this replica's own once written.
@@ -467,12 +469,14 @@ class Pledger:
         """Turn the pod's pledge into the right to reserve: ("", id) when it may
         (the id to record on its reservation), or (why not, "").
 
-        A pledge another pod spent, made for another pod, expired or never
+        Without a quota nothing is written: capacity is bind's compare-and-set,
+        and the reservation that carries the id retires the pledge. Under one,
+        a pledge another pod spent, made for another pod, expired or never
         made: the pod is re-planned here, in its planned class, against the
         quota with every pledge counted (a fresh pledge, spent at once)."""
         ns = ref.namespace
-        if not pledge_id and quota is None:  # nothing promised, nothing to hold to
-            return "", ""
+        if quota is None:  # nothing to hold a copied note to: the reservation
+            return "", pledge_id  # carries the id, which retires the pledge
         refused: pledges.Spend | None = None
         if pledge_id:
             own = await self._spend_own(ref, pledge_id)
@@ -492,8 +496,6 @@ class Pledger:
                     why = _why(verdict, pledge_id)
                     if pledge_id:
                         _log.warning("pledge_replanned", pod=f"{ns}/{ref.name}", why=why)
-                    if quota is None:  # no quota to hold it to: capacity is bind's CAS
-                        return "", ""
                     refusal = self._over_quota(ns, sizing=sizing, quota=quota)
                     if refusal:
                         PLEDGES.add(1, {"outcome": "bind_refused"})
@@ -536,11 +538,7 @@ class Pledger:
             return pledge_id
         raise CasConflict(f"hcs: pledge {ns}/{pledge_id}: {MAX_ATTEMPTS} compare-and-set conflicts")
 
-    def _over_quota(
-        self, namespace: str, *, sizing: Sizing, quota: planning.QuotaLimits | None
-    ) -> str:
-        if quota is None:
-            return ""
+    def _over_quota(self, namespace: str, *, sizing: Sizing, quota: planning.QuotaLimits) -> str:
         size = planning.Sizing(
             sizing.devices,
             sizing.vram_mib_per_device,

@@ -51,9 +51,14 @@ def _pod(name: str, *, pledge: str = "", node: str | None = None, ns: str = "ml"
     }
 
 
-def _check(*held: Pledge, pods: list[dict[str, Any]], ns: str = "ml") -> list[Problem]:
+def _check(
+    *held: Pledge,
+    pods: list[dict[str, Any]],
+    ns: str = "ml",
+    reserved: frozenset[str] = frozenset(),
+) -> list[Problem]:
     docs = {ns: NamespacePledges(namespace=ns, pledges=held)}
-    return pledgecheck.problems(docs=docs, pods_now=pods, now=NOW, limits=LIMITS)
+    return pledgecheck.problems(docs=docs, pods_now=pods, now=NOW, limits=LIMITS, reserved=reserved)
 
 
 # ------------------------------------------------------------ pure rules --
@@ -108,6 +113,12 @@ def test_a_bound_pod_whose_pledge_is_unspent_is_reported() -> None:
     assert [(p.kind, p.node, p.pod, p.pledge) for p in found] == [
         ("bound pod with unspent pledge", "gpu-3", "ml/fast", "p1")
     ]
+
+
+def test_an_unspent_pledge_a_reservation_carries_is_not_reported() -> None:
+    """Without a quota bind spends nothing: the reservation carries the id."""
+    pods = [_pod("fast", pledge="p1", node="gpu-3")]
+    assert _check(_pledge("p1", for_pod="fast"), pods=pods, reserved=frozenset({"p1"})) == []
 
 
 @pytest.mark.parametrize(("ago_s", "reported"), [(59, False), (61, True)])
@@ -237,8 +248,8 @@ async def test_check_reports_pledge_problems_from_both_forms_and_fails(
     )
     assert status == 1
     assert lines[0].splitlines() == [
-        "bound pod with unspent pledge: node gpu-2 dev/fast: pledge d1 is unspent;"
-        " bind spends it before it reserves",
+        "bound pod with unspent pledge: node gpu-2 dev/fast: pledge d1 is unspent and"
+        " no reservation carries it",
         "orphaned pledge: team/never: pledge q2 unspent for 50 s and carried by no pod"
         " (orphans are dropped after 30 s)",
         "pledge of another pod: team/copy: pledge q1 was spent by pod team/owner (uid uid-owner)"

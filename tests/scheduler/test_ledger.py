@@ -79,6 +79,10 @@ def test_a_claim_is_read_from_a_bound_pods_annotations_and_rebuilt_as_a_bound_re
         (1, 81920, True),
     ]
     assert (rebuilt.vendor, rebuilt.model, rebuilt.acu) == ("nvidia", "A100-80G", 200.0)
+    assert rebuilt.pledge == ""
+    # the pod's pledge goes on the rebuilt reservation: it retires the pledge
+    pledged = _api_pod("p", node="gpu-1", notes={**WHOLE_TWO, "hcs.io/pledge": "p7"})
+    assert ledger.rebuilt(ledger.claim_of(pledged), DEVICES, now=7.0).pledge == "p7"  # type: ignore[arg-type]
     by_index = {"hcs.io/devices": "3", "hcs.io/vram-quota": "0:16384Mi"}  # other vendors
     slice_ = ledger.rebuilt(
         ledger.claim_of(_api_pod("q", node="gpu-1", notes=by_index)), DEVICES, now=0

@@ -148,7 +148,10 @@ def test_a_quota_is_never_passed_counting_pledges(asks: list[int], hard: int) ->
 @settings(max_examples=80, deadline=None)
 @given(
     steps=st.lists(
-        st.tuples(st.sampled_from(["spend", "reserve", "sweep", "copy"]), st.integers(0, 4)),
+        st.tuples(
+            st.sampled_from(["spend", "reserve", "sweep", "copy", "bind_unquoted"]),
+            st.integers(0, 4),
+        ),
         max_size=40,
     )
 )
@@ -157,7 +160,9 @@ def test_pledge_turns_into_a_reservation_once_and_is_counted_once(
 ) -> None:
     """Whatever the order of binds, copies, reservations showing up and sweeps:
     a pledge is spent by one pod only, and each promise is counted exactly once
-    (as an outstanding pledge or as its reservation) until it is swept."""
+    (as an outstanding pledge or as its reservation) until it is swept. A
+    bind without a quota (``bind_unquoted``) spends nothing: its reservation
+    carries the pledge id."""
     doc = NamespacePledges(namespace="ml", pledges=tuple(_pledge(i) for i in range(5)))
     reserved: set[str] = set()
     spenders: dict[str, str] = {}
@@ -178,6 +183,8 @@ def test_pledge_turns_into_a_reservation_once_and_is_counted_once(
             if action == "copy":
                 assert verdict.outcome in ("used", "foreign", "missing"), verdict
         elif action == "reserve" and pid in spenders:
+            reserved.add(pid)
+        elif action == "bind_unquoted" and pledges.find(doc, pid) is not None:
             reserved.add(pid)
         elif action == "sweep":
             expired, done = pledges.sweep(
@@ -205,6 +212,17 @@ def test_an_unspent_pledge_expires_after_its_ttl_and_a_spent_one_stays_until_res
     # a spent pledge whose reservation never shows (the Binding failed, the pod left)
     expired, done = pledges.sweep(doc, now=106.0, ttl_s=100.0, grace_s=10.0)
     assert [p.id for p in done] == ["p2"]
+
+
+def test_a_pledge_no_quota_spends_is_retired_by_its_reservation() -> None:
+    doc = NamespacePledges(namespace="ml", pledges=(_pledge(1, time_s=0.0), _pledge(2, time_s=0.0)))
+    assert [p.id for p in pledges.outstanding(doc, reserved={"p1"})] == ["p2"]
+    expired, done = pledges.sweep(doc, now=5.0, ttl_s=100.0, grace_s=10.0, reserved={"p1"})
+    assert (expired, done) == ([], [])  # within the grace: other views catch up first
+    expired, done = pledges.sweep(doc, now=11.0, ttl_s=100.0, grace_s=10.0, reserved={"p1"})
+    assert expired == [] and [p.id for p in done] == ["p1"]
+    expired, done = pledges.sweep(doc, now=101.0, ttl_s=100.0, grace_s=10.0, reserved={"p1"})
+    assert [p.id for p in expired] == ["p2"] and [p.id for p in done] == ["p1"]
 
 
 def test_a_pledge_is_spent_by_the_pod_it_was_made_for_only() -> None:

@@ -280,7 +280,7 @@ async def test_a_pledge_no_pod_carries_is_dropped_as_an_orphan_once_old_enough(
     assert [p.id for p in await _stored(bus)] == [kept.pledge]
 
 
-async def test_without_a_quota_each_pledge_is_its_own_key_a_burst_spreads_and_a_copy_is_refused(
+async def test_without_a_quota_each_pledge_is_its_own_key_a_burst_spreads_and_bind_writes_none(
     bus: Bus, start_scheduler: Start
 ) -> None:
     """No quota to serialize against: a burst writes one small key per pledge
@@ -303,13 +303,16 @@ async def test_without_a_quota_each_pledge_is_its_own_key_a_burst_spreads_and_a_
     assert pledger is not None
     first, second = ok[0], ok[1]
     p1 = PodRef(namespace="ml", name="p0", uid="u1")
-    assert await pledger.spend(p1, first.pledge, sizing=WHOLE, quota=None) == ("", first.pledge)
-    assert await pledger.spend(p1, first.pledge, sizing=WHOLE, quota=None) == ("", first.pledge)
-    # another pod presenting p1's pledge: not spent again (no quota: bind's CAS decides)
+    # no quota: bind writes nothing (the reservation carries the id and
+    # retires the pledge); a copy is held to nothing but bind's CAS
     copy = PodRef(namespace="ml", name="intruder", uid="u9")
-    assert await pledger.spend(copy, first.pledge, sizing=WHOLE, quota=None) == ("", "")
+    for ref in (p1, p1, copy):
+        assert await pledger.spend(ref, first.pledge, sizing=WHOLE, quota=None) == (
+            "",
+            first.pledge,
+        )
     held = {p.id: p for p in await _stored(bus)}
-    assert held[first.pledge].uid == "u1" and held[first.pledge].pod == p1.name
+    assert held[first.pledge].spent_s is None and not held[first.pledge].uid
     # the pod of the second plan deleted before bind: its key goes
     assert await pledger.release("ml", second.pledge, reason="pod deleted")
     assert second.pledge not in {p.id for p in await _stored(bus)}
