@@ -202,8 +202,7 @@ def burst(
     watcher = Watcher(cluster, namespace)
     watcher.start()
     cpu_before = cpu_now(cluster, stack)
-    latency_before = histograms(stack)
-    counted_before = counters(stack)
+    scraped_before = scrape(stack)
     requests_before = api_requests(cluster)
     created_at: dict[str, float] = {}
     errors: list[str] = []
@@ -232,8 +231,8 @@ def burst(
         n: (group, s - cpu_before.get(n, (group, 0.0))[1])
         for n, (group, s) in cpu_now(cluster, stack).items()
     }
-    latency_after = histograms(stack)
-    counted_after = counters(stack)
+    scraped_after = scrape(stack)
+    counted_before, latency_before = counters(scraped_before), histograms(scraped_before)
     requests = api_requests(cluster) - requests_before
     items = cluster.api.items(f"/api/v1/namespaces/{namespace}/pods")
     latencies = sorted(
@@ -256,10 +255,10 @@ def burst(
         "double_booked": double_booked(stack, items) if label != "plain" else [],
         "cpu_s": cpu,
         "requests": requests,
-        "counted": {n: v - counted_before.get(n, 0.0) for n, v in counted_after.items()},
+        "counted": {n: v - counted_before.get(n, 0.0) for n, v in counters(scraped_after).items()},
         "latency": {
             name: quantiles(latency_before.get(name, {}), after)
-            for name, after in latency_after.items()
+            for name, after in histograms(scraped_after).items()
         },
         "namespace": namespace,
         "room": room_left(stack, pending, kinds=kinds, label=label) if label != "plain" else None,
@@ -287,47 +286,49 @@ COUNTERS = (
 )
 
 
-def _metrics_text(stack: Stack, part: str) -> str:
-    port = stack.metrics_ports.get(part)
-    if not port:
-        return ""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            return str(resp.read().decode())
-    except OSError:
-        return ""
+Samples = dict[str, list[Any]]  # part -> its /metrics samples
 
 
-def counters(stack: Stack) -> dict[str, float]:
-    """Each of ``COUNTERS`` so far, summed over its labels."""
-    out: dict[str, float] = {}
-    for part, name, _what in COUNTERS:
-        total = 0.0
-        for family in text_string_to_metric_families(_metrics_text(stack, part)):
-            for sample in family.samples:
-                if sample.name in (name, f"{name}_total"):
-                    total += sample.value
-        out[name] = total
+def scrape(stack: Stack) -> Samples:
+    """The samples of every part ``LATENCIES`` and ``COUNTERS`` read, one
+    /metrics request per part (none for a part that serves none)."""
+    out: Samples = {}
+    for part in {p for p, _n, _w in (*LATENCIES, *COUNTERS)}:
+        port = stack.metrics_ports.get(part)
+        if not port:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        out[part] = [s for f in text_string_to_metric_families(text) for s in f.samples]
     return out
 
 
-def histograms(stack: Stack) -> dict[str, dict[float, float]]:
+def counters(scraped: Samples) -> dict[str, float]:
+    """Each of ``COUNTERS`` so far, summed over its labels."""
+    return {
+        name: sum(s.value for s in scraped.get(part, []) if s.name in (name, f"{name}_total"))
+        for part, name, _what in COUNTERS
+    }
+
+
+def histograms(scraped: Samples) -> dict[str, dict[float, float]]:
     """Each of ``LATENCIES``: cumulative count per bucket bound, summed over
-    its labels (empty when the part serves no /metrics)."""
+    its labels (absent when the part serves no /metrics)."""
     out: dict[str, dict[float, float]] = {}
     for part, name, _what in LATENCIES:
-        text = _metrics_text(stack, part)
-        if not text:
+        if part not in scraped:
             continue
         metric, _, selector = name.partition("{")
         wanted = dict(kv.split("=") for kv in selector.rstrip("}").split(",") if kv)
         buckets: dict[float, float] = collections.defaultdict(float)
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == f"{metric}_bucket" and all(
-                    sample.labels.get(k) == v for k, v in wanted.items()
-                ):
-                    buckets[float(sample.labels["le"])] += sample.value
+        for sample in scraped[part]:
+            if sample.name == f"{metric}_bucket" and all(
+                sample.labels.get(k) == v for k, v in wanted.items()
+            ):
+                buckets[float(sample.labels["le"])] += sample.value
         out[name] = dict(buckets)
     return out
 

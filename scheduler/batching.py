@@ -1,6 +1,7 @@
 """Group commit per key: the changes of one key that arrive while a write of
 it is on its way wait for it, then go together in the next write.
 
+Node documents (``booking``) and namespace pledges (``pledging``) use it.
 Under a burst many binds land on the same node (kube-scheduler ranks the
 same node first until it fills). One write per change made each bind's
 compare-and-set race the others' and retry; one write per batch turns that
@@ -51,7 +52,7 @@ class Batches(Generic[K, C, R]):
                 self._flushing.discard(key)
                 for _change, fut in self._waiting.pop(key, []):  # the flusher was cancelled
                     if not fut.done():
-                        fut.set_exception(BusUnavailable("hcs: write interrupted; retry"))
+                        fut.set_exception(BusUnavailable("hcs: interrupted; retry"))
         return await done
 
     async def _flush(self, key: K, batch: list[tuple[C, asyncio.Future[R]]]) -> None:
@@ -62,7 +63,7 @@ class Batches(Generic[K, C, R]):
         except asyncio.CancelledError:  # the others of the batch are not cancelled
             for _change, fut in batch:
                 if not fut.done():
-                    fut.set_exception(BusUnavailable("hcs: write interrupted; retry"))
+                    fut.set_exception(BusUnavailable("hcs: interrupted; retry"))
             raise
         except Exception as exc:  # every change of the batch gets the failure
             results = [exc] * len(batch)

@@ -37,6 +37,7 @@ from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
 from hcs_bus.messages import Plan, PlanRequest, PodRef
 from hcs_bus.telemetry import logger, meter
 from scheduler import planning, pledges
+from scheduler.batching import Batches
 from scheduler.pledges import NamespacePledges, Pledge
 from scheduler.pods import PlanAnnotation as Sizing
 
@@ -78,7 +79,7 @@ class _Tally:
     count: int
 
 
-_Waiting = tuple[PlanRequest, PlanFn, bool, "asyncio.Future[Plan]"]
+_Waiting = tuple[PlanRequest, PlanFn, bool]  # a request, its planner, whether quoted
 _Result = Plan | BaseException
 
 
@@ -105,8 +106,8 @@ class Pledger:
         self._changes: dict[str, int] = {}  # per namespace: changes of ``keyed``
         self._locks: dict[str, asyncio.Lock] = {}
         self._tallies: dict[str, _Tally] = {}
-        self._waiting: dict[str, list[_Waiting]] = {}
-        self._flushing: set[str] = set()
+        # per namespace: requests that arrive during a write are planned together
+        self._batches: Batches[str, _Waiting, Plan] = Batches(self._commit)
         self._ids: frozenset[str] = frozenset()  # pledges the last summary saw reserved
         self._deleted = False  # own keys deleted since the last compaction
         self._listed: dict[str, float] = {}  # per namespace: when its pods were last listed
@@ -337,38 +338,12 @@ class Pledger:
         namespace has a quota (its pledges go into its document). Requests of
         one namespace that arrive while a write is on its way are planned one
         after the other against the pledges before them and written together."""
-        ns = request.namespace
-        done: asyncio.Future[Plan] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(ns, []).append((request, plan, quoted, done))
-        if ns not in self._flushing:
-            self._flushing.add(ns)
-            try:
-                while self._waiting.get(ns):
-                    await self._commit(ns, self._waiting.pop(ns))
-            finally:
-                self._flushing.discard(ns)
-                for *_, fut in self._waiting.pop(ns, []):  # the flusher was cancelled
-                    fut.set_exception(BusUnavailable("hcs: planning interrupted; retry"))
-        return await done
+        return await self._batches.submit(request.namespace, (request, plan, quoted))
 
-    async def _commit(self, ns: str, batch: list[_Waiting]) -> None:
-        try:
-            if any(quoted for _r, _p, quoted, _f in batch):
-                results: list[_Result] = list(await self._plan_batch(ns, batch))
-            else:
-                results = await self._plan_own(ns, batch)
-        except Exception as exc:  # every waiter gets the failure, the next batch goes on
-            for *_, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
-            return
-        for (*_, fut), result in zip(batch, results, strict=True):
-            if fut.done():
-                continue
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(result)
+    async def _commit(self, ns: str, batch: list[_Waiting]) -> list[_Result]:
+        if any(quoted for _r, _p, quoted in batch):
+            return list(await self._plan_batch(ns, batch))
+        return await self._plan_own(ns, batch)
 
     async def _plan_all(
         self, ns: str, batch: list[_Waiting], base: planning.Summary
@@ -379,7 +354,7 @@ class Pledger:
         by_class: dict[str, pledges.Held] = {}
         total = pledges.Held()
         out: list[Plan] = []
-        for index, (request, plan, _quoted, _fut) in enumerate(batch):
+        for index, (request, plan, _quoted) in enumerate(batch):
             summary = base
             if made:
                 summary = planning.charged(base, by_class=by_class, by_namespace={ns: total})
