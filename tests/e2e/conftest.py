@@ -80,7 +80,7 @@ def stack(cluster: Cluster, e2e_root: Path) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     cluster.namespace(name)
     yield name
@@ -91,6 +91,13 @@ def namespace(cluster: Cluster) -> Iterator[str]:
             what=f"the pods of namespace {name} deleted",
             timeout_s=60,
         )
+        if "stack" in request.fixturenames:  # and HCS has released them: the next
+            stack: Stack = request.getfixturevalue("stack")  # test's plans see the room
+            wait_for(
+                lambda: stack.pods_held(name) == 0,
+                what=f"HCS's view releasing the pods of namespace {name}",
+                timeout_s=30,
+            )
     except Exception as exc:  # a failed clean-up must not hide the test's own result
         print(f"namespace {name} not cleaned up: {exc}")
 

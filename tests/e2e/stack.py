@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
 import sys
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable
@@ -192,6 +193,21 @@ class Stack:
             env["HCS_HEALER__RECOVERY_WINDOW_S"] = "30"  # failed nodes come back within a test
         env.update(extra)
         return env
+
+    def pods_held(self, namespace: str) -> int:
+        """Pods of ``namespace`` that a running scheduler replica's view still
+        holds a reservation for (its console's ``/api/overview``); a replica
+        that does not answer (stopped by a test) holds none."""
+        held = 0
+        for port in self.extender_ports.values():
+            url = f"http://127.0.0.1:{port}/api/overview"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    rows = json.load(resp).get("namespaces", [])
+            except OSError:
+                continue
+            held += sum(int(r["pods"]) for r in rows if r["namespace"] == namespace)
+        return held
 
     def start_part(self, name: str, argv: list[str], **extra_env: str) -> Process:
         process = Process(
