@@ -106,6 +106,10 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     replan_after_s: float = 30.0  # a pod stranded this long on a full class is re-planned
     stranding_scan_s: float = 2.0  # how often pending HCS pods are looked at
     wake_min_interval_s: float = 5.0  # a parked pod is woken at most this often
+    # filter answers only HCS's best node for a pod kube-scheduler's scoring has
+    # no preference for (``pods.kube_prefers``): kube-scheduler then skips its
+    # scoring and the prioritize call (DESIGN §6)
+    pick_in_filter: bool = True
 
 
 class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):

@@ -48,6 +48,7 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 _tracer_provider: trace.TracerProvider | None = None  # None: the global one
+_tracers: dict[tuple[str, int], tuple[trace.TracerProvider, trace.Tracer]] = {}
 _zeroed: list[tuple[metrics.Counter, tuple[Mapping[str, str], ...]]] = []
 
 
@@ -109,7 +110,14 @@ def logger(name: str) -> Any:
 
 
 def tracer(name: str) -> trace.Tracer:
-    return trace.get_tracer(name, tracer_provider=_tracer_provider)
+    """The tracer ``name`` of the current provider, made once: the SDK's
+    ``get_tracer`` builds a new one per call (about a third of a span's cost)."""
+    provider = _tracer_provider or trace.get_tracer_provider()
+    key = (name, id(provider))
+    found = _tracers.get(key)
+    if found is None or found[0] is not provider:
+        found = _tracers[key] = (provider, trace.get_tracer(name, tracer_provider=provider))
+    return found[1]
 
 
 @contextmanager

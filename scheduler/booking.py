@@ -76,7 +76,10 @@ BIND_SECONDS = _meter.create_histogram(
 BIND_STEP_SECONDS = _meter.create_histogram(
     "hcs_scheduler_bind_step_seconds",
     unit="s",
-    description="each step of a bind: pledge (spend), reserve (KV), binding (API), mark (KV)",
+    description=(
+        "each step of a bind: pledge (spend), reserve (KV), binding (API);"
+        " mark (KV): from the Binding until the mark rides a write of the node"
+    ),
     explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 
@@ -95,6 +98,7 @@ OVERCOMMITS = _meter.create_counter(
     description="devices found holding more than they have (the ledger cannot undo it)",
 )
 MAX_ATTEMPTS = 50
+MARK_AFTER_S = 1.0  # longest a bound pod's mark waits for its node's next write
 _DOC = messages.decoder_for(NodeReservations)
 
 
@@ -213,6 +217,7 @@ class Booker:
         self._docs: dict[str, Doc] = {}  # per node: the document last read or written here
         # every change of a node document goes through here: one write per batch
         self.batches: Batches[str, _Edit, Any] = Batches(self._commit)
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- KV documents -----------------------------------------------------
     async def read(self, node: str) -> Doc:
@@ -314,11 +319,7 @@ class Booker:
                 return note
             _log.warning("binding_landed_after_all", pod=pod.ref.name, node=node, note=note)
             note = ""
-        try:
-            with _step("mark"):
-                await self._mark_bound(pod.ref, node=node, reservation=reservation)
-        except HcsError as exc:  # the pod is bound; expiry checks the pod before it frees
-            _log.error("mark_bound_failed", pod=pod.ref.name, node=node, error=str(exc))
+        self._mark_later(reservation, node=node)
         await self.announce(node, reservation, state="bound", reason=note, annotations=annotations)
         BINDS.add(1, {"outcome": "bound"})
         return ""
@@ -447,10 +448,63 @@ class Booker:
         except HcsError as exc:  # left "reserved": expiry takes it back
             _log.error("release_after_failed_binding", pod=ref.name, error=str(exc))
 
-    async def _mark_bound(self, ref: PodRef, *, node: str, reservation: Reservation) -> None:
-        """The pod is bound: its reservation turns ``bound``, or comes back if
-        expiry or a release took it while the Binding was on its way."""
-        await self.hold_bound(reservation, node=node, reason="bound")
+    def _mark_later(self, reservation: Reservation, *, node: str) -> None:
+        """The pod is bound: its reservation turns ``bound`` with the node's
+        next write (under a burst, the next pod's reserve) or ``MARK_AFTER_S``
+        from now; the bind is answered without waiting. Until then it is
+        ``reserved``, which is safe: expiry and the reconcile read the pod and
+        keep the devices of a pod bound to the node. A reservation gone by
+        then (a release, an expiry) is restored only if the pod is still
+        bound here (``_keep_if_bound``): it may have been deleted meanwhile."""
+        started = time.perf_counter()
+
+        def mark(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            if ledger.holding(doc, reservation.pod) is None:
+                return _Change(None, "missing") if fresh else None
+            marked = ledger.with_bound(doc, reservation, node=node)
+            if marked is None:  # already bound
+                return _Change(None, None) if fresh else None
+            return _Change(marked, True)
+
+        def written(done: asyncio.Future[Any]) -> None:
+            BIND_STEP_SECONDS.record(time.perf_counter() - started, {"step": "mark"})
+            if done.cancelled():
+                return
+            if (exc := done.exception()) is not None:  # expiry reads the pod before it frees
+                _log.error("mark_bound_failed", pod=reservation.pod.name, node=node, error=str(exc))
+            elif done.result() == "missing":
+                self._background(self._keep_if_bound(reservation, node=node))
+
+        self.batches.defer(node, mark, after_s=MARK_AFTER_S).add_done_callback(written)
+
+    async def _keep_if_bound(self, reservation: Reservation, *, node: str) -> None:
+        pod: dict[str, Any] | None = None
+        if self.kube is not None:
+            try:
+                pod = await self.kube.get_pod(reservation.pod.namespace, reservation.pod.name)
+            except KubeNotFound:
+                return
+            except HcsError as exc:  # the reconcile rebuilds it from the pod's annotations
+                _log.warning("mark_pod_unreadable", pod=reservation.pod.name, error=str(exc))
+                return
+            if ledger.expiry_verdict(reservation, pod, node=node) != "bound":
+                return
+        try:
+            await self.hold_bound(reservation, node=node, reason="bound")
+        except HcsError as exc:
+            _log.error("mark_bound_failed", pod=reservation.pod.name, node=node, error=str(exc))
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Write the deferred marks now, and finish what they started."""
+        await self.batches.settle()
+        await asyncio.sleep(0)  # the marks' done callbacks run, and start what they start
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def hold_bound(self, reservation: Reservation, *, node: str, reason: str) -> bool:
         """CAS the pod of ``reservation`` into ``node``'s document as ``bound``:

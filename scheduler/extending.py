@@ -72,9 +72,10 @@ class Extender:
         booker: Booker,
         kube: Kube | None,
         weights: placing.Weights,
+        pick_in_filter: bool = False,
     ) -> None:
         self.view, self.planner, self.booker, self.kube = view, planner, booker, kube
-        self.weights = weights
+        self.weights, self.pick_in_filter = weights, pick_in_filter
         self.cache = NodeCache(view.state, weights=weights)
         self.pods = PodMemo()
         view.listeners.append(self.cache.changed)
@@ -164,7 +165,42 @@ class Extender:
             failed.update(no)
             unresolvable.update(never)
         passed = self._keep_job_together(pod, passed, failed)
+        if self.pick_in_filter and not pod.kube_scores and len(passed) > 1:
+            passed = [await self._best(pod, cache, passed)]
         return self._filtered(args, names, passed, failed, unresolvable)
+
+    async def _best(self, pod: PodInfo, cache: caching.DemandCache, passed: list[str]) -> str:
+        """The node ``prioritize`` would score highest (the first of a tie, in
+        kube-scheduler's order, which it rotates from pod to pod). Answered
+        alone, kube-scheduler takes it without scoring (a single feasible node)
+        and never calls prioritize; the other fitting nodes are left out, not
+        failed, so no reason is invented for them."""
+        scores = await self._scores(pod, cache, passed)
+        best = max(range(len(passed)), key=lambda i: (scores[i], -i))
+        return passed[best]
+
+    async def _scores(
+        self, pod: PodInfo, cache: caching.DemandCache, names: list[str]
+    ) -> list[int]:
+        """The score of each of ``names`` for ``pod`` (0..10, as prioritize gives)."""
+        groups = self.cache.job_groups(pod)
+        if cache.demand.devices == 1 and groups is None:
+            out: list[int] = []
+            async for part in _chunks(names):
+                out += [cache.entry(n).score for n in part]
+            return out
+        parts: list[placing.Components | None] = []
+        async for part in _chunks(names):
+            parts += cache.parts_of(part)
+        best = caching.best_gbps(parts)
+        scored: list[int] = []
+        async for start in _chunk_starts(len(names)):
+            end = start + CHUNK
+            found = cache.scored(
+                names[start:end], parts[start:end], best_gbps=best, job_groups=groups
+            )
+            scored += [h.score for h in found]
+        return scored
 
     def _keep_job_together(
         self, pod: PodInfo, passed: list[str], failed: dict[str, str]
@@ -214,23 +250,13 @@ class Extender:
         if isinstance(demand, str):
             return [wire.HostPriority(host=n, score=0) for n in names]
         cache = self.cache.of(demand)
-        groups = self.cache.job_groups(pod)
-        if demand.devices == 1 and groups is None:
+        if demand.devices == 1 and self.cache.job_groups(pod) is None:
             fragments: list[bytes] = []
             async for part in _chunks(names):
                 fragments += cache.plain_fragments(part)
             return msgspec.Raw(b"[" + b",".join(fragments) + b"]")
-        parts: list[placing.Components | None] = []
-        async for part in _chunks(names):
-            parts += cache.parts_of(part)
-        best = caching.best_gbps(parts)
-        scores: list[wire.HostPriority] = []
-        async for start in _chunk_starts(len(names)):
-            end = start + CHUNK
-            scores += cache.scored(
-                names[start:end], parts[start:end], best_gbps=best, job_groups=groups
-            )
-        return scores
+        scores = await self._scores(pod, cache, names)
+        return [wire.HostPriority(host=n, score=s) for n, s in zip(names, scores, strict=True)]
 
     async def bind(self, body: bytes) -> wire.ExtenderBindingResult:
         args = wire.decode(wire.BIND_ARGS, body)

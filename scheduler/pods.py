@@ -68,12 +68,17 @@ def encode_plan_annotation(plan: Plan) -> str:
 # ---------------------------------------------------------------- the pod --
 
 
-class _Meta(msgspec.Struct, frozen=True, kw_only=True):
+class _Owner(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str = ""
+
+
+class _Meta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     name: str = ""
     namespace: str = "default"
     uid: str = ""
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
+    owner_references: list[_Owner] | None = None
 
 
 class _Container(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,11 +86,33 @@ class _Container(msgspec.Struct, frozen=True, kw_only=True):
     resources: dict[str, Any] | None = None  # read by ``hcs_bus.demands``
 
 
+class _Preferred(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """An affinity kind; only whether it has preferred terms is read."""
+
+    preferred_during_scheduling_ignored_during_execution: list[Any] | None = None
+
+
+class _Affinity(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    node_affinity: _Preferred | None = None
+    pod_affinity: _Preferred | None = None
+    pod_anti_affinity: _Preferred | None = None
+
+
+class _Spread(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    when_unsatisfiable: str = ""
+
+
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     containers: list[_Container] = []
     init_containers: list[_Container] = []
     priority: int | None = None
     node_name: str | None = None
+    affinity: _Affinity | None = None
+    topology_spread_constraints: list[_Spread] | None = None
+
+
+# owners whose pods kube-scheduler's default topology spreading scores
+SPREAD_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 
 
 class PodObject(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,6 +133,10 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     job: str | None
     traceparent: str | None = None  # the admission's trace (hcs.io/traceparent)
     pledge: str = ""  # the admission's pledge in the ledger (hcs.io/pledge)
+    # kube-scheduler's scoring has a say for this pod: it has preferred
+    # (anti-)affinity terms or ScheduleAnyway spread constraints, or an owner
+    # that default spreading applies to (``kube_prefers``)
+    kube_scores: bool = True
 
     @property
     def wants_devices(self) -> bool:
@@ -127,6 +158,30 @@ def pod_info(pod: PodObject) -> PodInfo:
         job=job,
         traceparent=annotations.get(vocabulary.TRACEPARENT),
         pledge=annotations.get(vocabulary.PLEDGE, ""),
+        kube_scores=kube_prefers(pod),
+    )
+
+
+def kube_prefers(pod: PodObject) -> bool:
+    """Whether kube-scheduler's own scoring expresses a preference of ``pod``
+    that HCS's ranking does not: preferred node or pod (anti-)affinity terms,
+    ``ScheduleAnyway`` topology spread constraints, or an owner whose pods the
+    default topology spreading spreads (ReplicaSet, StatefulSet,
+    ReplicationController). Taints are not among them: HCS's ranking already
+    weighs the device health the healer's ``PreferNoSchedule`` taint stands for."""
+    spec, owners = pod.spec, pod.metadata.owner_references or []
+    if any(o.kind in SPREAD_OWNERS for o in owners):
+        return True
+    if any(
+        c.when_unsatisfiable == "ScheduleAnyway" for c in spec.topology_spread_constraints or []
+    ):
+        return True
+    found = spec.affinity
+    if found is None:
+        return False
+    kinds = (found.node_affinity, found.pod_affinity, found.pod_anti_affinity)
+    return any(
+        k is not None and k.preferred_during_scheduling_ignored_during_execution for k in kinds
     )
 
 

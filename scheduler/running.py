@@ -16,7 +16,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from hcs_bus import streams
 from hcs_bus.bus import Bus
-from hcs_bus.errors import ConfigError
+from hcs_bus.errors import ConfigError, HcsError
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.profiles import load as load_profiles
 from hcs_bus.settings import Settings
@@ -33,6 +33,7 @@ from scheduler.viewing import ClusterView
 
 _log = logger("hcs.scheduler")
 TYPICAL_REQUEST_MIB = 8192
+SETTLE_S = 5.0  # longest a stopping replica spends writing its deferred marks
 _states: weakref.WeakSet[ClusterState] = weakref.WeakSet()
 
 
@@ -77,6 +78,11 @@ class Scheduler:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        try:  # the marks of pods bound last: written now, not left to expiry
+            async with asyncio.timeout(SETTLE_S):
+                await self.booker.settle()
+        except (TimeoutError, HcsError) as exc:
+            _log.warning("marks_not_settled", error=repr(exc))
         await self.view.stop()
 
 
@@ -125,7 +131,12 @@ async def run(
     gauging.watch_pledges(pledger)
     planner.pledger, booker.spend, booker.unpledge = pledger, planner.spend, pledger.release
     extender = Extender(
-        view, planner=planner, booker=booker, kube=kube, weights=placing.Weights.from_settings(cfg)
+        view,
+        planner=planner,
+        booker=booker,
+        kube=kube,
+        weights=placing.Weights.from_settings(cfg),
+        pick_in_filter=cfg.pick_in_filter,
     )
     await view.start()
     service = PlanService(bus, planner=planner, booker=booker)

@@ -107,3 +107,48 @@ async def test_cancelling_the_writer_fails_the_others_with_a_retryable_error() -
     fresh = asyncio.create_task(batches.submit("n1", "e"))
     await store.opened(3)
     assert await fresh == "n1:e"
+
+
+class Open(Store):
+    """A store whose writes are not held."""
+
+    async def commit(self, key: str, changes: list[str]) -> list[str | BaseException]:
+        self.batches.append((key, changes))
+        return [f"{key}:{c}" for c in changes]
+
+
+async def test_a_deferred_change_rides_the_next_write_of_its_key_first() -> None:
+    store = Open()
+    batches: Batches[str, str, str] = Batches(store.commit)
+    marked = batches.defer("n1", "mark-a", after_s=60.0)
+    other = batches.defer("n2", "mark-x", after_s=60.0)
+    assert not store.batches and batches.deferred == 2  # nothing written for them alone
+    assert await batches.submit("n1", "reserve-b") == "n1:reserve-b"
+    assert store.batches == [("n1", ["mark-a", "reserve-b"])]  # in the order they came
+    assert marked.result() == "n1:mark-a" and not other.done()
+    await batches.settle()  # a stopping replica writes the rest now
+    assert store.batches[-1] == ("n2", ["mark-x"]) and other.result() == "n2:mark-x"
+    assert batches.deferred == 0
+
+
+async def test_a_deferred_change_no_write_takes_is_written_alone_when_due() -> None:
+    store = Open()
+    batches: Batches[str, str, str] = Batches(store.commit)
+    assert await batches.defer("n1", "mark-a", after_s=0.01) == "n1:mark-a"
+    assert store.batches == [("n1", ["mark-a"])]
+
+
+async def test_a_deferred_change_due_during_a_write_is_written_after_it() -> None:
+    store = Store()
+    batches: Batches[str, str, str] = Batches(store.commit)
+    first = asyncio.create_task(batches.submit("n1", "a"))
+    await asyncio.sleep(0)  # "a" is being written, and is held there
+    marked = batches.defer("n1", "mark-b", after_s=0.0)
+    for _ in range(3):  # due while "a" is held: it waits for that write to end
+        await asyncio.sleep(0)
+    assert len(store.batches) == 1 and not marked.done()
+    await store.opened(1)
+    assert await first == "n1:a"
+    await store.opened(2)
+    assert await marked == "n1:mark-b"
+    assert store.batches == [("n1", ["a"]), ("n1", ["mark-b"])]

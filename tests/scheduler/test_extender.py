@@ -178,6 +178,7 @@ async def test_bind_books_devices_posts_the_binding_and_announces_it(
     event = messages.decode((await sub.next_msg(timeout=5)).data, AllocationEvent)
     assert event.state == "bound" and event.job == "llm" and len(event.devices) == 2
     assert event.annotations == notes  # the audit on hcs.alloc.* says what the pod was given
+    await sched.booker.settle()  # the mark rides the node's next write, or comes a second later
     doc = await sched.booker.read("gpu-node-c")
     assert doc.doc is not None and [r.state for r in doc.doc.reservations] == ["bound"]
     await sub.unsubscribe()
@@ -357,3 +358,35 @@ async def test_a_pod_that_fits_after_preemption_fails_resolvably_only_where_room
     )
     assert status == 200 and out["Error"] == ""
     assert set(out["FailedNodes"]) == {"gpu-node-b"} and out["FailedAndUnresolvableNodes"] == {}
+
+
+async def test_a_pod_without_soft_preferences_is_filtered_to_the_node_prioritize_ranks_first(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    """A single node passes: kube-scheduler then binds it without scoring and
+    never calls prioritize. Only a pod kube-scheduler's scoring has nothing
+    to say about is answered so (a ReplicaSet's pod keeps every node)."""
+    sched = await _ready(bus, start_scheduler)
+    slice_plan = {**A100_TWO, "devices": 1, "vram_mib_per_device": 8192, "whole_device": False}
+    args = _args("extender-filter-args-nodecache.json", plan=slice_plan)
+    del args["Pod"]["metadata"]["ownerReferences"]  # a bare pod
+    _, ranked = await _post(sched.port, "prioritize", args)
+    scores = {h["Host"]: h["Score"] for h in ranked}
+    status, out = await _post(sched.port, "filter", args)
+    assert status == 200 and out["NodeNames"] == [max(NAMES, key=lambda n: scores[n])]
+    assert out["NodeNames"] == ["gpu-node-b"]  # bin-packing: the used node
+    assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
+    owned = _args("extender-filter-args-nodecache.json", plan=slice_plan)
+    _, out = await _post(sched.port, "filter", owned)
+    assert out["NodeNames"] == NAMES
+
+
+async def test_picking_in_filter_can_be_turned_off(bus: Bus, start_scheduler: Start) -> None:
+    await _fleet(bus)
+    sched = await start_scheduler(bus, None, pick_in_filter=False)
+    await until(lambda: len(sched.view.state.nodes) == 3)
+    slice_plan = {**A100_TWO, "devices": 1, "vram_mib_per_device": 8192, "whole_device": False}
+    args = _args("extender-filter-args-nodecache.json", plan=slice_plan)
+    del args["Pod"]["metadata"]["ownerReferences"]
+    _, out = await _post(sched.port, "filter", args)
+    assert out["NodeNames"] == NAMES

@@ -13,9 +13,10 @@ from typing import Any
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import DeviceSlice, NodeReservations, PodRef, Reservation
+from scheduler import booking
 from scheduler.booking import Booker
 from scheduler.pods import PlanAnnotation
-from tests.scheduler.helpers import A100_WHOLE, node_fp
+from tests.scheduler.helpers import A100_WHOLE, node_fp, until
 from tests.scheduler.helpers import pod_info as _pod
 from tests.scheduler.helpers import state_of as fleet_state
 
@@ -81,7 +82,8 @@ async def test_a_bind_on_a_known_document_reads_nothing(bus: Bus) -> None:
     booker, kv, _ = await _setup(bus, held=2)
     for i in range(3):
         assert await booker.bind(_pod(f"p{i}"), WHOLE, node="gpu-1") == ""
-    assert kv.gets == 0  # reserve and mark, three pods: six writes, no read
+    await booker.settle()
+    assert kv.gets == 0  # reserve and mark, three pods: no read
     assert await _names(booker) == {
         "h0": "bound",
         "h1": "bound",
@@ -109,6 +111,7 @@ async def test_no_refusal_on_a_known_document_without_a_read(bus: Bus) -> None:
     await kv.kv.put(subjects.alloc_key("gpu-1"), messages.encode(freed))
     assert await booker.bind(_pod("fits"), WHOLE, node="gpu-1") == ""
     assert kv.gets >= 1
+    await booker.settle()
     assert (await _names(booker))["fits"] == "bound"
 
 
@@ -117,6 +120,7 @@ async def test_binds_on_one_node_at_once_share_their_writes(bus: Bus) -> None:
     names = [f"p{i}" for i in range(6)]
     errors = await asyncio.gather(*(booker.bind(_pod(n), WHOLE, node="gpu-1") for n in names))
     assert errors == [""] * 6
+    await booker.settle()
     doc = (await booker.read("gpu-1")).doc
     assert doc is not None
     assert {r.pod.name: r.state for r in doc.reservations} == dict.fromkeys(names, "bound")
@@ -155,3 +159,26 @@ async def test_a_lost_compare_and_set_applies_the_whole_batch_again(bus: Bus) ->
     assert doc is not None and len(doc.reservations) == 8
     devices = [d.index for r in doc.reservations for d in r.devices]
     assert sorted(devices) == list(range(8))
+
+
+async def test_a_bound_pods_mark_rides_the_next_reserve_of_its_node(bus: Bus) -> None:
+    """The bind answers once the Binding is posted; the mark is not a write of
+    its own under a burst: it goes with the node's next one."""
+    booker, kv, _ = await _setup(bus, held=0)
+    assert await booker.bind(_pod("p0"), WHOLE, node="gpu-1") == ""
+    assert await _names(booker) == {"p0": "reserved"}  # safe: expiry reads the pod
+    assert await booker.bind(_pod("p1"), WHOLE, node="gpu-1") == ""
+    assert kv.updates == 2  # two reserves, p0's mark with the second
+    assert await _names(booker) == {"p0": "bound", "p1": "reserved"}
+
+
+async def test_a_mark_no_write_takes_is_written_within_a_second(bus: Bus) -> None:
+    booker, _kv, _ = await _setup(bus, held=0)
+    assert await booker.bind(_pod("p0"), WHOLE, node="gpu-1") == ""
+    await until(lambda: _state_of(booker, "p0") == "bound", timeout_s=booking.MARK_AFTER_S + 5)
+
+
+def _state_of(booker: Booker, name: str) -> str | None:
+    doc = booker.known("gpu-1")
+    held = doc.doc.reservations if doc is not None and doc.doc is not None else ()
+    return next((r.state for r in held if r.pod.name == name), None)

@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
+from hcs_bus.errors import KubeNotFound
 from hcs_bus.messages import AllocationEvent, DeviceSlice, NodeReservations, PodRef, Reservation
 from hcs_bus.telemetry import metrics_text
 from scheduler import booking, ledger, watching
@@ -297,16 +298,25 @@ async def test_a_crash_between_binding_and_mark_leaves_no_double_booking(
 
 
 class _ExpiringKube:
-    """Posts the Binding while another replica expires the reservation."""
+    """Posts the Binding while another replica expires the reservation; the pod
+    is then bound to gpu-1, or gone (``deleted``: deleted right after)."""
 
-    def __init__(self, kv: Any) -> None:
-        self.kv = kv
+    def __init__(self, kv: Any, *, deleted: bool = False) -> None:
+        self.kv, self.deleted = kv, deleted
+        self.bound: dict[str, Any] | None = None
 
-    async def bind_pod(self, namespace: str, name: str, **_kw: Any) -> Any:
+    async def bind_pod(self, namespace: str, name: str, *, uid: str, **_kw: Any) -> Any:
         await self.kv.put(
             subjects.alloc_key("gpu-1"), messages.encode(NodeReservations(node="gpu-1"))
         )
+        self.bound = pod(name, namespace=namespace, uid=uid, plan=A100_TWO)
+        self.bound["spec"]["nodeName"] = "gpu-1"
         return {"kind": "Status", "status": "Success"}
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.bound is None or self.deleted:
+            raise KubeNotFound(f"pod {namespace}/{name} not found")
+        return self.bound
 
 
 async def test_a_reservation_expired_while_the_binding_was_on_its_way_comes_back_bound(
@@ -317,9 +327,29 @@ async def test_a_reservation_expired_while_the_binding_was_on_its_way_comes_back
     booker = Booker(bus, kv=kv, ckpt=None, state=state, kube=_ExpiringKube(kv), replica="r1")  # type: ignore[arg-type]
     info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
     assert await booker.bind(info, PlanAnnotation(**A100_TWO), node="gpu-1") == ""
+    await booker.settle()
     doc = (await booker.read("gpu-1")).doc
     assert _states(doc) == {"trainer": "bound"}
     assert doc is not None and [s.index for s in doc.reservations[0].devices] == [0, 1]
+
+
+async def test_a_mark_never_brings_back_the_reservation_of_a_pod_deleted_meanwhile(
+    bus: Bus,
+) -> None:
+    """The mark is written after the bind answers: by then another replica may
+    have released the pod's reservation because the pod was deleted."""
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    state = fleet_state(node_fp("gpu-1"))
+    kube = _ExpiringKube(kv, deleted=True)
+    booker = Booker(bus, kv=kv, ckpt=None, state=state, kube=kube, replica="r1")  # type: ignore[arg-type]
+    info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
+    assert await booker.bind(info, PlanAnnotation(**A100_TWO), node="gpu-1") == ""
+    await booker.settle()
+    assert _states((await booker.read("gpu-1")).doc) == {}
+    kube.deleted = False  # the same pod, still bound: its devices come back
+    assert await booker.bind(info, PlanAnnotation(**A100_TWO), node="gpu-1") == ""
+    await booker.settle()
+    assert _states((await booker.read("gpu-1")).doc) == {"trainer": "bound"}
 
 
 # ------------------------------------------------------------ reconcile --

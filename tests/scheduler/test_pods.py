@@ -25,3 +25,76 @@ def test_a_fractional_device_count_is_refused_by_name_not_rounded_down(count: st
 def test_an_unknown_compute_resource_is_named() -> None:
     with pytest.raises(BadPod, match=r"ai\.compute/gpus"):
         pod_info_from_dict(pod("p", requests={"ai.compute/gpus": "1"}))
+
+
+def _bare(**spec: object) -> dict[str, object]:
+    found = pod("bare", requests={"ai.compute/vram": "16Gi"})
+    del found["metadata"]["ownerReferences"]
+    found["spec"].update(spec)
+    return found
+
+
+PREFERRED = [{"weight": 10, "preference": {"matchExpressions": []}}]
+REQUIRED = {"nodeSelectorTerms": [{"matchExpressions": []}]}
+
+
+@pytest.mark.parametrize(
+    ("owner", "spec", "prefers"),
+    [
+        (None, {}, False),
+        ("Job", {}, False),
+        ("ReplicaSet", {}, True),
+        ("StatefulSet", {}, True),
+        (
+            None,
+            {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": REQUIRED}
+                }
+            },
+            False,
+        ),
+        (
+            None,
+            {
+                "affinity": {
+                    "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": PREFERRED}
+                }
+            },
+            True,
+        ),
+        (
+            None,
+            {
+                "affinity": {
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": PREFERRED
+                    }
+                }
+            },
+            True,
+        ),
+        (
+            None,
+            {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}},
+            False,
+        ),
+        (
+            None,
+            {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]},
+            False,
+        ),
+        (
+            None,
+            {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"}]},
+            True,
+        ),
+    ],
+)
+def test_kube_scheduler_scoring_has_a_say_only_for_soft_preferences_and_spread_owners(
+    owner: str | None, spec: dict[str, object], prefers: bool
+) -> None:
+    found = _bare(**spec)
+    if owner is not None:
+        found["metadata"]["ownerReferences"] = [{"kind": owner, "name": "x", "uid": "u"}]  # type: ignore[index]
+    assert pod_info_from_dict(found).kube_scores is prefers

@@ -145,6 +145,7 @@ async def test_a_binding_that_timed_out_but_landed_keeps_its_devices_bound(bus: 
     )
     info = pod_info_from_dict(pod("trainer", plan=A100_TWO))
     assert await booker.bind(info, DEMAND, node="gpu-1") == ""
+    await booker.settle()
     doc = (await booker.read("gpu-1")).doc
     assert doc is not None and [r.state for r in doc.reservations] == ["bound"]
 
