@@ -144,9 +144,9 @@ def test_a_scheduler_killed_mid_burst_leaves_no_double_booking_and_no_pod_withou
     # would be handed out again and show as an over-commit
     for i in range(slots - len(_bound(work.pods())) + EXTRA):
         work.pod(f"after-{i}", SLICE, annotations=ON_A100)
-    wait_for(
-        lambda: len(_bound(work.pods())) >= slots,
-        what=f"all {slots} slices of the A100 nodes bound",
+    wait_for(  # a bound pod's mark rides its node's next write, or comes a second later
+        lambda: len(_bound(work.pods())) >= slots and _no_reserved_left(stack),
+        what=f"all {slots} slices of the A100 nodes bound, every reservation marked",
         timeout_s=120,
         explain=lambda: work.explain("after-0"),
     )
