@@ -38,6 +38,7 @@ async def _main(args: argparse.Namespace, settings: Settings) -> None:
     bus = await connect(settings.bus, name=f"hcs-agent-{args.node or 'fleet'}")
     if args.init_bus:
         await streams.init(bus, settings.bus)
+    tasks.long_lived()
     playing = (
         run_fleet(bus, fleet, settings=settings) if fleet else run_node(bus, settings=settings)
     )

@@ -30,6 +30,7 @@ async def _main(args: argparse.Namespace) -> None:
     bus = await hcs_bus_bus.connect(settings.bus, name="hcs-healer")
     await streams.init(bus, settings.bus)
     kube = await hcs_kube.connect(settings.kube)
+    tasks.long_lived()
     try:
         await tasks.run_until_stopped(run(bus, kube, settings), name="healer")
     finally:

@@ -34,6 +34,7 @@ async def run(args: argparse.Namespace) -> None:
     bus = await bus_module.connect(settings.bus, name="hcs-injector")
     injector = Injector(bus, settings)
     await injector.start()
+    tasks.long_lived()
     await tasks.stop_event().wait()
     _log.info("injector_stopping")
     await injector.stop()

@@ -20,6 +20,7 @@ async def main() -> None:
 
     kube = await kube_mod.connect(settings.kube)
     scheduler = await run(bus, kube, settings)
+    tasks.long_lived()
     await tasks.stop_event().wait()
     await scheduler.stop()
     if kube is not None:

@@ -233,6 +233,7 @@ async def _main() -> None:
     await mirror.start()
     meter = Meter(bus, kube)  # usage metering: ComputeQuota status.usage, counters, alerts
     await meter.start()
+    tasks.long_lived()
     await tasks.stop_event().wait()
     await meter.stop()
     await mirror.stop()

@@ -4,6 +4,7 @@ counted; a cancellation still stops it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import re
 
@@ -59,3 +60,17 @@ async def test_a_cancelled_supervised_loop_stops_and_is_not_restarted() -> None:
     assert task.cancelled() and runs == [1]
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_a_started_part_takes_what_it_holds_out_of_the_cycle_collector() -> None:
+    thresholds = gc.get_threshold()
+    try:
+        held = [object() for _ in range(10)]  # lives as long as the part
+        tasks.long_lived()
+        assert gc.get_freeze_count() >= len(held)
+        assert gc.get_threshold() == (tasks.GC_YOUNG, 20, 10)
+        spare = [[] for _ in range(5000)]  # 7 young collections at CPython's default
+        assert len(spare) == 5000 and gc.get_count()[0] > 4000  # none ran yet
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
