@@ -128,12 +128,16 @@ async def test_the_mirror_shows_a_device_out_and_clears_it_when_it_is_back(
         found = status.get("devicesOut")
         return None if found is None else [e["index"] for e in found]
 
+    def health() -> object:
+        return apiserver.computenodes.get(node, {}).get("status", {}).get("health")
+
     try:
         await until(lambda: out() == [])
         where = subjects.healer_health(node)
         await bus.publish(where, said("failed", device=2, out="2"), msg_id="o:v1")
         await bus.publish(where, said("degraded", out="2"), msg_id="o:v2")
-        await until(lambda: out() == [2])
+        # the failed verdict alone already shows device 2 out: wait for the degraded one
+        await until(lambda: out() == [2] and health() == "degraded")
         status = apiserver.computenodes[node]["status"]
         assert status["health"] == "degraded" and status["devicesOut"][0]["id"] == "GPU-2"
         await bus.publish(where, said("healthy", device=2, out=""), msg_id="o:v3")
