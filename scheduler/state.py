@@ -18,6 +18,12 @@ reservations. No I/O, no clock reads (``now`` is passed in).
   counting, whatever the fingerprint says. Fingerprint network labels count
   only for nodes without a Node object (no cluster configured, a simulated
   fleet not mapped onto Nodes).
+* A Node that takes no new pods (``blocked``: cordoned, or tainted by the
+  node lifecycle: not ready, unreachable, under pressure) is not schedulable
+  either: its free devices are room no pod can reach, and a plan into a
+  class whose only room is there would strand the pod (bench.burst: a
+  hollow kubelet that stopped renewing its lease drew 40 pods that stayed
+  Pending while two other classes had room).
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ class NodeView:
     stale: bool = False
     verdict: Verdict = "healthy"
     node_labels: Mapping[str, str] | None = None  # the Node object's; None: no Node seen
+    blocked: str | None = None  # why its Node takes no new pods; None: it does
 
     @property
     def labels(self) -> dict[str, str]:
@@ -91,7 +98,7 @@ class NodeView:
 
     @property
     def schedulable(self) -> bool:
-        return not self.stale and self.verdict != "failed"
+        return not self.stale and self.verdict != "failed" and self.blocked is None
 
     def models(self) -> set[str]:
         return {f"{d.fp.vendor}/{d.fp.model}" for d in self.devices.values()}
@@ -111,6 +118,7 @@ class ClusterState:
         self._reservations: dict[str, NodeReservations] = {}
         self._revisions: dict[str, int] = {}  # KV revision of each document held
         self._node_labels: dict[str, dict[str, str]] = {}
+        self._node_blocks: dict[str, str] = {}  # Node name → why it takes no new pods
         self.order = FingerprintOrder()
 
     # -- applying ---------------------------------------------------------
@@ -129,6 +137,7 @@ class ClusterState:
             seen_at=now,
             devices={d.index: DeviceView(fp=d, health_score=d.health_score) for d in fp.devices},
             node_labels=self._node_labels.get(fp.node),
+            blocked=self._node_blocks.get(fp.node),
         )
         if held is not None:
             node.verdict = held.verdict
@@ -167,21 +176,29 @@ class ClusterState:
         if node is not None:
             _book(node, doc)
 
-    def apply_node_labels(self, node_name: str, labels: Mapping[str, str] | None) -> bool:
+    def apply_node_labels(
+        self, node_name: str, labels: Mapping[str, str] | None, *, blocked: str | None = None
+    ) -> bool:
         """Hold the labels of the Node object ``node_name`` (None: the Node was
-        deleted); True when they differ from those held, so whatever was
-        derived from the node's labels must be recomputed."""
+        deleted) and why it takes no new pods (``blocked``; None: it does);
+        True when either differs from what was held, so whatever was derived
+        from the node must be recomputed."""
         held = self._node_labels.get(node_name)
         fresh = None if labels is None else dict(labels)
-        if fresh == held:
+        block = None if labels is None else blocked
+        if fresh == held and block == self._node_blocks.get(node_name):
             return False
         if fresh is None:
-            del self._node_labels[node_name]
+            self._node_labels.pop(node_name, None)
         else:
             self._node_labels[node_name] = fresh
+        if block is None:
+            self._node_blocks.pop(node_name, None)
+        else:
+            self._node_blocks[node_name] = block
         node = self.nodes.get(node_name)
         if node is not None:
-            node.node_labels = fresh
+            node.node_labels, node.blocked = fresh, block
         return True
 
     @property

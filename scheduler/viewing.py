@@ -116,10 +116,13 @@ class ClusterView:
             self._changed(item.value.node)
         self.applied += 1
 
-    def apply_node_labels(self, node: str, labels: Mapping[str, str] | None) -> bool:
-        """Take a Node object's labels (None: the Node was deleted); listeners
-        hear of the node when they changed."""
-        if not self.state.apply_node_labels(node, labels):
+    def apply_node_labels(
+        self, node: str, labels: Mapping[str, str] | None, *, blocked: str | None = None
+    ) -> bool:
+        """Take a Node object's labels (None: the Node was deleted) and why it
+        takes no new pods (None: it does); listeners hear of the node when
+        either changed."""
+        if not self.state.apply_node_labels(node, labels, blocked=blocked):
             return False
         self._changed(node)
         return True

@@ -111,16 +111,38 @@ async def watch_nodes(kube: Kube, view: ClusterView, *, retry_s: float = 2.0) ->
 
 
 def on_node_event(view: ClusterView, kind: str, node: dict[str, Any]) -> bool:
-    """Hand one Node event's labels to the view; True when they changed."""
+    """Hand one Node event's labels, and whether it takes new pods, to the
+    view; True when either changed."""
     meta = node.get("metadata") or {}
     name = meta.get("name")
     if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
         return False
     labels = None if kind == "DELETED" else dict(meta.get("labels") or {})
-    changed = view.apply_node_labels(str(name), labels)
+    blocked = None if kind == "DELETED" else node_block(node)
+    changed = view.apply_node_labels(str(name), labels, blocked=blocked)
     if changed:
-        _log.info("node_labels_changed", node=name, change=kind)
+        _log.info("node_changed", node=name, change=kind, blocked=blocked)
     return changed
+
+
+LIFECYCLE_TAINTS = "node.kubernetes.io/"  # not-ready, unreachable, unschedulable, *-pressure, ...
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def node_block(node: dict[str, Any]) -> str | None:
+    """Why kube-scheduler places no new pod on this Node, or None: cordoned
+    (``spec.unschedulable``), or a node-lifecycle taint (``node.kubernetes.io/*``,
+    set by the node controller and the kubelet) with effect NoSchedule or
+    NoExecute. Pods asking for devices do not tolerate those (DaemonSets
+    do); other taints are the pod's business and kube-scheduler's filter."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return "cordoned (spec.unschedulable)"
+    for taint in spec.get("taints") or []:
+        key, effect = str(taint.get("key") or ""), str(taint.get("effect") or "")
+        if key.startswith(LIFECYCLE_TAINTS) and effect in BLOCKING_EFFECTS:
+            return f"taint {key}:{effect}"
+    return None
 
 
 async def expire_loop(booker: Booker, *, ttl_s: float) -> None:

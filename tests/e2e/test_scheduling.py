@@ -4,13 +4,17 @@ and the kubelet's own admission."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from hcs_bus import vocabulary
+from hcs_bus.vocabulary import MODEL_LABEL, VENDOR_LABEL
 from injector import runtimes
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.conftest import FLEET
 from tests.e2e.stack import Stack
-from tests.e2e.workloads import Workloads, expected_capacity, fleet_labelled
+from tests.e2e.workloads import Workloads, expected_capacity, fleet_labelled, pod_spec
 
 GI = 1024**3
 
@@ -98,3 +102,54 @@ def test_a_pod_of_every_vendor_runs_with_its_runtime_and_device_nodes(
     assert pod["spec"].get("runtimeClassName") == profile.runtime_class
     env = {e["name"] for e in pod["spec"]["containers"][0].get("env", [])}
     assert set(profile.visible_devices_env) <= env
+
+
+def _dry_run_class(work: Workloads, requests: dict[str, str]) -> str:
+    """The class the webhook plans a pod into, from a dry-run create (no pledge)."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe"},
+        "spec": pod_spec(requests),
+    }
+    pod = work.api.post(f"{work.pods_path}?dryRun=All", body)
+    plan = json.loads(pod["metadata"]["annotations"][vocabulary.PLAN])
+    return f"{plan['vendor']}/{plan['model']}"
+
+
+def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
+    stack: Stack, work: Workloads
+) -> None:
+    nodes = fleet_labelled(work, FLEET)
+    requests = {"ai.compute/vram": "16Gi"}
+    first = _dry_run_class(work, requests)
+    names = [
+        name
+        for name, node in nodes.items()
+        if "/".join(node["metadata"]["labels"][k] for k in (VENDOR_LABEL, MODEL_LABEL)) == first
+    ]
+    assert names, (first, sorted(nodes))
+
+    def cordon(on: bool) -> None:
+        for name in names:
+            work.api.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": on or None}})
+
+    cordon(True)
+    try:
+        moved = wait_for(
+            lambda: (c := _dry_run_class(work, requests)) != first and c,
+            what=f"plans leaving {first} once its nodes {names} are cordoned",
+            timeout_s=30,
+        )
+        work.pod("job", requests)
+        pod = work.running("job")
+        assert pod["spec"]["nodeName"] not in names
+        plan = json.loads(pod["metadata"]["annotations"][vocabulary.PLAN])
+        assert f"{plan['vendor']}/{plan['model']}" == moved
+    finally:
+        cordon(False)
+    wait_for(
+        lambda: _dry_run_class(work, requests) == first,
+        what=f"plans back in {first} once its nodes are uncordoned",
+        timeout_s=60,
+    )
