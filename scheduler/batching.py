@@ -67,10 +67,6 @@ class Batches(Generic[K, C, R]):
             self._timers[key] = loop.call_later(after_s, self._due, key)
         return done
 
-    @property
-    def deferred(self) -> int:
-        return sum(len(found) for found in self._deferred.values())
-
     async def settle(self) -> None:
         """Write every deferred change now."""
         for key in list(self._deferred):

@@ -478,17 +478,11 @@ class Booker:
         self.batches.defer(node, mark, after_s=MARK_AFTER_S).add_done_callback(written)
 
     async def _keep_if_bound(self, reservation: Reservation, *, node: str) -> None:
-        pod: dict[str, Any] | None = None
-        if self.kube is not None:
-            try:
-                pod = await self.kube.get_pod(reservation.pod.namespace, reservation.pod.name)
-            except KubeNotFound:
-                return
-            except HcsError as exc:  # the reconcile rebuilds it from the pod's annotations
-                _log.warning("mark_pod_unreadable", pod=reservation.pod.name, error=str(exc))
-                return
-            if ledger.expiry_verdict(reservation, pod, node=node) != "bound":
-                return
+        # unreadable: the reconcile rebuilds it from the pod's annotations
+        if self.kube is not None and not await self._bound_now(
+            reservation, node=node, unreadable="mark_pod_unreadable"
+        ):
+            return
         try:
             await self.hold_bound(reservation, node=node, reason="bound")
         except HcsError as exc:
@@ -577,17 +571,29 @@ class Booker:
                     count += 1
         return count
 
+    async def _bound_now(self, r: Reservation, *, node: str, unreadable: str) -> bool | None:
+        """Whether the pod of ``r`` is bound to ``node`` now, read from the API
+        server (``ledger.expiry_verdict``); None when the pod cannot be read
+        (logged as ``unreadable``): the caller keeps things as they are."""
+        assert self.kube is not None
+        try:
+            pod = await self.kube.get_pod(r.pod.namespace, r.pod.name)
+        except KubeNotFound:
+            return False
+        except HcsError as exc:
+            _log.warning(unreadable, node=node, pod=r.pod.name, error=str(exc))
+            return None
+        return ledger.expiry_verdict(r, pod, node=node) == "bound"
+
     async def _expire_one(self, stuck: Reservation, *, node: str, ttl_s: float) -> bool:
-        pod: dict[str, Any] | None = None
-        if self.kube is not None:
-            try:
-                pod = await self.kube.get_pod(stuck.pod.namespace, stuck.pod.name)
-            except KubeNotFound:
-                pod = None
-            except HcsError as exc:  # cannot tell: keep the devices, ask again next round
-                _log.warning("expiry_pod_unreadable", node=node, pod=stuck.pod.name, error=str(exc))
-                return False
-        if pod is not None and ledger.expiry_verdict(stuck, pod, node=node) == "bound":
+        bound = (
+            await self._bound_now(stuck, node=node, unreadable="expiry_pod_unreadable")
+            if self.kube is not None
+            else False
+        )
+        if bound is None:  # cannot tell: keep the devices, ask again next round
+            return False
+        if bound:
             _log.warning("reserved_pod_found_bound", node=node, pod=pods_key(stuck.pod))
             if await self.hold_bound(stuck, node=node, reason="pod found bound at expiry"):
                 await self.announce(node, stuck, state="bound", reason="pod found bound at expiry")
