@@ -88,6 +88,7 @@ def node_row(node: NodeView) -> dict[str, Any]:
         "name": node.name,
         "classes": sorted(node.models()),
         "state": "stale" if node.stale else node.verdict,
+        "blocked": node.blocked,  # why its Node takes no new pods (cordoned, a lifecycle taint)
         "devices": len(devices),
         **counts,
         "vram_total_mib": sum(d.fp.vram_total_mib for d in devices),
@@ -135,8 +136,8 @@ def _takes_work(node: NodeView, device: DeviceView) -> bool:
 
 
 def _attention(node: NodeView) -> tuple[int, str]:
-    """Nodes needing a look first (failed, stale, degraded), then by name."""
-    if node.stale or node.verdict == "failed":
+    """Nodes needing a look first (failed, stale, taking no pods, degraded), then by name."""
+    if node.stale or node.verdict == "failed" or node.blocked:
         rank = 0
     elif any(d.verdict != "healthy" for d in node.devices.values()) or node.verdict != "healthy":
         rank = 1

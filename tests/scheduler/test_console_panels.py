@@ -236,3 +236,17 @@ def test_page_query_bounds() -> None:
         panels.page_query({"offset": "-1"})
     with pytest.raises(panels.QueryError, match="unknown parameter 'page'"):
         panels.page_query({"page": "2"})
+
+
+def test_a_node_taking_no_new_pods_says_why_offers_no_room_and_comes_first() -> None:
+    state = _state()
+    state.apply_fingerprint(node_fp("zzz-cordoned", count=2), now=0.0)
+    before = panels.node_row(state.nodes["zzz-cordoned"])
+    assert before["blocked"] is None and before["vram_free_mib"] > 0
+    state.apply_node_labels("zzz-cordoned", {}, blocked="cordoned (spec.unschedulable)")
+    doc = panels.overview(
+        state, profiles=DB, alerts=[], checkpoints={}, limits={}, now_s=5.0, ready=True
+    )
+    first = doc["nodes"][0]
+    assert first["name"] == "zzz-cordoned" and first["blocked"] == "cordoned (spec.unschedulable)"
+    assert first["vram_free_mib"] == 0  # its devices are not room

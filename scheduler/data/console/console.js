@@ -82,7 +82,7 @@
     $("nodes-count").textContent = nodes.length < total ? `(${nodes.length} of ${total}, those needing a look first)` : `(${total})`;
     const cards = nodes.map((n) => el("div", { className: "node", "data-node": n.name, "data-state": n.state, onclick: () => select(n.name) },
       el("div", { className: "name", text: n.name }),
-      el("div", { className: "meta", text: `${n.classes.join(", ")} · ${n.state}` }),
+      el("div", { className: "meta", text: `${n.classes.join(", ")} · ${n.state}${n.blocked ? ` · no new pods: ${n.blocked}` : ""}` }),
       el("div", { className: "meta", text: `${gib(n.vram_free_mib)}/${gib(n.vram_total_mib)} GiB free · ${num(n.acu)} ACU · ${n.pods.length} pods` }),
       el("div", { className: "cells" }, ...n.cells.map((c) => deviceCell(n.name, c))),
     ));
@@ -120,7 +120,7 @@
     const head = el("tr", {}, ...["#", "class", "health", "score", "VRAM reserved", "ACU", "util", "temp", "occupied by", "uuid / error"].map((h) => el("th", { text: h })));
     box.hidden = false;
     box.replaceChildren(
-      el("h2", { text: `${doc.name} — ${doc.state}${doc.simulated ? " (simulated)" : ""}` }),
+      el("h2", { text: `${doc.name} — ${doc.state}${doc.blocked ? `, no new pods: ${doc.blocked}` : ""}${doc.simulated ? " (simulated)" : ""}` }),
       el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)),
     );
   }
