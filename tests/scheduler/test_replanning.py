@@ -250,3 +250,13 @@ def test_the_failure_event_says_where_the_copy_is() -> None:
     assert event["reason"] == replanning.FAILED_REASON and event["type"] == "Warning"
     assert "denied" in event["message"] and "pod_recreating" in event["message"]
     assert event["metadata"]["name"] != replanning.event_name(ref)
+
+
+def test_a_pod_whose_class_has_room_only_on_nodes_taking_no_new_pods_is_stranded() -> None:
+    state = state_of(
+        node_fp("a100-1", "nvidia/A100-80G"), node_fp("ascend-1", "huawei/Ascend910B2")
+    )
+    assert _judge(_pod(), planning.summarise(state.nodes.values())) is None
+    state.apply_node_labels("a100-1", {}, blocked="taint node.kubernetes.io/unreachable:NoSchedule")
+    found = _judge(_pod(), planning.summarise(state.nodes.values()))
+    assert found is not None and found.target == "huawei/Ascend910B2"
