@@ -25,8 +25,11 @@ against the agents' fingerprints), for the HCS burst the Pending pods for
 which a class their policy allows still had room at the end (read from the
 fingerprints and the ledger, as the scheduler's view holds them), and the
 CPU seconds of each HCS process and of each Kubernetes process (the hollow
-kubelets summed) and nats-server. Target: hcs pods/s ≥ 0.8 × plain,
-0 over-committed, 0 Pending while an allowed class has room.
+kubelets summed) and nats-server, up to the last pod's start. Then each
+process's CPU per pod less its load at rest (measured ``--rest-s`` before
+the bursts, with no pod running), and what the HCS path adds per pod: with
+the machine's CPU saturated, pods/s follows that cost. Target: hcs pods/s ≥
+0.8 × plain, 0 over-committed, 0 Pending while an allowed class has room.
 """
 
 from __future__ import annotations
@@ -182,6 +185,15 @@ def processes(cluster: Cluster, stack: Stack) -> dict[str, tuple[str, list[int]]
     return found
 
 
+def at_rest(cluster: Cluster, stack: Stack, *, seconds: float) -> dict[str, float]:
+    """Each process's CPU seconds per second with no burst running: the load
+    that comes with time (kubelets, leases, reports), not with pods."""
+    before, started = cpu_now(cluster, stack), time.monotonic()
+    time.sleep(seconds)  # the measuring window itself
+    after, wall = cpu_now(cluster, stack), time.monotonic() - started
+    return {n: (s - before.get(n, (g, 0.0))[1]) / wall for n, (g, s) in after.items()}
+
+
 def cpu_now(cluster: Cluster, stack: Stack) -> dict[str, tuple[str, float]]:
     """Each process's CPU seconds so far, and this benchmark's own (its
     client threads and watcher share the machine)."""
@@ -207,7 +219,7 @@ def burst(
     namespace = cluster.namespace(f"burst-{label}")
     watcher = Watcher(cluster, namespace)
     watcher.start()
-    cpu_before = cpu_now(cluster, stack)
+    cpu_before, cpu_start = cpu_now(cluster, stack), time.monotonic()
     scraped_before = scrape(stack)
     requests_before = api_requests(cluster)
     created_at: dict[str, float] = {}
@@ -227,16 +239,17 @@ def burst(
     created_s = time.monotonic() - start
     # CPU is counted up to the last pod seen starting, not through the quiet
     # wait after it: both bursts' figures then cover their pods' work only
-    last_progress, seen, cpu_after = time.monotonic(), 0, cpu_now(cluster, stack)
+    last_progress, seen = time.monotonic(), 0
+    cpu_after, cpu_end = cpu_now(cluster, stack), time.monotonic()
     while len(watcher.running_at) < len(created_at):
         if len(watcher.running_at) != seen:
             seen, last_progress = len(watcher.running_at), time.monotonic()
-            cpu_after = cpu_now(cluster, stack)
+            cpu_after, cpu_end = cpu_now(cluster, stack), time.monotonic()
         if time.monotonic() - last_progress > settle_s:
             break
         time.sleep(0.25)
     else:
-        cpu_after = cpu_now(cluster, stack)
+        cpu_after, cpu_end = cpu_now(cluster, stack), time.monotonic()
     watcher.stopping = True
     cpu = {
         n: (group, s - cpu_before.get(n, (group, 0.0))[1]) for n, (group, s) in cpu_after.items()
@@ -264,6 +277,7 @@ def burst(
         "create_error_count": len(errors),
         "double_booked": double_booked(stack, items) if label != "plain" else [],
         "cpu_s": cpu,
+        "cpu_wall_s": cpu_end - cpu_start,
         "requests": requests,
         "counted": {n: v - counted_before.get(n, 0.0) for n, v in counters(scraped_after).items()},
         "latency": {
@@ -614,6 +628,33 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"  {r['label']:<8} all  {total:>7.1f} in {wall:.1f} s: {per_pod:.1f} ms per pod")
 
 
+def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> None:
+    """CPU per pod of each process, less its load at rest over the burst's
+    window: what the pods themselves cost, and what the HCS path adds."""
+    plain, hcs = results[0], results[1]
+
+    def per_pod(r: dict[str, Any]) -> dict[str, float]:
+        pods = max(r["running"], 1)
+        return {
+            n: 1000 * max(s - rest.get(n, 0.0) * r["cpu_wall_s"], 0.0) / pods
+            for n, (_g, s) in r["cpu_s"].items()
+        }
+
+    a, b = per_pod(plain), per_pod(hcs)
+    print(
+        "\nCPU ms per pod, less each process's load at rest "
+        f"({sum(rest.values()):.2f} cores in all, measured before the bursts):"
+    )
+    print(f"  {'process':<26}{plain['label']:>9}{hcs['label']:>9}{'added':>9}")
+    for name in sorted(b, key=lambda n: b[n] - a.get(n, 0.0), reverse=True):
+        added = b[name] - a.get(name, 0.0)
+        print(f"  {name:<26}{a.get(name, 0.0):>9.1f}{b[name]:>9.1f}{added:>+9.1f}")
+    total_a, total_b = sum(a.values()), sum(b.values())
+    print(f"  {'all':<26}{total_a:>9.1f}{total_b:>9.1f}{total_b - total_a:>+9.1f}")
+    if total_b:
+        print(f"  ratio of the two (what CPU alone predicts for pods/s): {total_a / total_b:.2f}")
+
+
 def report_requests(results: list[dict[str, Any]], *, top: int = 14) -> None:
     """The API server's busiest request kinds during each burst, per pod."""
     print("\nAPI server requests per pod during each burst (apiserver_request_total):")
@@ -654,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mix", action="store_true", help="the HCS burst asks for a mix of requests (bench.mixes)"
     )
     parser.add_argument(
+        "--rest-s",
+        type=float,
+        default=15.0,
+        help="measure each process's CPU at rest for this long before the bursts",
+    )
+    parser.add_argument(
         "--settle-s", type=float, default=30.0, help="stop when no pod starts for this long"
     )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
@@ -688,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         wait_labelled(cluster, names)
         advertise_plain(cluster, names, per_node=-(-args.pods // len(names)) + 2)
+        rest = at_rest(cluster, stack, seconds=args.rest_s)
         plain = [Kind("plain", 100, {PLAIN: "1"})] * args.pods
         results: list[dict[str, Any]] = []
         for label, kinds in (("plain", plain), (hcs_label, hcs_kinds)):
@@ -705,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         report(results)
+        report_pod_cost(results, rest)
     finally:
         if stack is not None:
             stack.stop()

@@ -1,0 +1,42 @@
+"""``bench.burst``'s CPU per pod: each process's load at rest over the
+burst's window is taken off before dividing by the pods that started."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.burst import report_pod_cost
+
+
+def _burst(label: str, *, wall_s: float, running: int, **cpu_s: float) -> dict:
+    return {
+        "label": label,
+        "running": running,
+        "cpu_wall_s": wall_s,
+        "cpu_s": {name: ("kube", s) for name, s in cpu_s.items()},
+    }
+
+
+def test_the_load_at_rest_is_taken_off_before_the_cost_per_pod(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plain = _burst("plain", wall_s=10.0, running=1000, kubelets=8.0, scheduler=1.0)
+    hcs = _burst("hcs", wall_s=20.0, running=1000, kubelets=16.0, scheduler=7.0)
+    report_pod_cost([plain, hcs], {"kubelets": 0.8, "scheduler": 0.1})
+    lines = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[2:]}
+    # kubelets: all of it is load at rest (0.8/s over 10 s and 20 s): nothing per pod
+    assert lines["kubelets"] == ["0.0", "0.0", "+0.0"]
+    # scheduler: (1.0 - 0.1 × 10) / 1000 = 0 ms and (7.0 - 0.1 × 20) / 1000 = 5 ms
+    assert lines["scheduler"] == ["0.0", "5.0", "+5.0"]
+    assert lines["all"] == ["0.0", "5.0", "+5.0"]
+
+
+def test_a_process_busier_than_at_rest_costs_per_pod_and_the_ratio_follows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plain = _burst("plain", wall_s=10.0, running=500, apiserver=11.0)
+    hcs = _burst("hcs", wall_s=10.0, running=500, apiserver=16.0)
+    report_pod_cost([plain, hcs], {"apiserver": 0.1})
+    out = capsys.readouterr().out
+    assert "apiserver" in out and "20.0" in out and "30.0" in out and "+10.0" in out
+    assert "predicts for pods/s): 0.67" in out
