@@ -28,7 +28,8 @@ CPU seconds of each HCS process and of each Kubernetes process (the hollow
 kubelets summed) and nats-server, up to the last pod's start. Then each
 process's CPU per pod less its load at rest (measured ``--rest-s`` before
 the bursts, with no pod running), and what the HCS path adds per pod: with
-the machine's CPU saturated, pods/s follows that cost. Target: hcs pods/s ≥
+the machine's CPU saturated, pods/s follows that cost; and each process's
+load once a burst's pods all run, against its load at rest. Target: hcs pods/s ≥
 0.8 × plain, 0 over-committed, 0 Pending while an allowed class has room.
 """
 
@@ -653,6 +654,17 @@ def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> No
     print(f"  {'all':<26}{total_a:>9.1f}{total_b:>9.1f}{total_b - total_a:>+9.1f}")
     if total_b:
         print(f"  ratio of the two (what CPU alone predicts for pods/s): {total_a / total_b:.2f}")
+    held = [r for r in results if "held" in r]
+    if held:
+        print("  CPU cores with each burst's pods running, after it (none running: at rest):")
+        names = sorted(rest, key=lambda n: -max(r["held"].get(n, 0.0) for r in held))[:6]
+        for r in held:
+            cells = ", ".join(f"{n} {r['held'].get(n, 0.0):.2f}" for n in names)
+            print(f"    {r['label']:<8} {sum(r['held'].values()):.2f} = {cells}")
+        print(
+            f"    {'at rest':<8} {sum(rest.values()):.2f} = "
+            + ", ".join(f"{n} {rest[n]:.2f}" for n in names)
+        )
 
 
 def report_requests(results: list[dict[str, Any]], *, top: int = 14) -> None:
@@ -752,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
                     settle_s=args.settle_s + (REPLAN_AFTER_S if label == "hcs-mix" else 0.0),
                 )
             )
+            # the same, with the burst's pods running: what holding them costs
+            results[-1]["held"] = at_rest(cluster, stack, seconds=args.rest_s)
         report(results)
         report_pod_cost(results, rest)
     finally:
