@@ -24,6 +24,7 @@ import pytest
 
 from tests.e2e.api import wait_for
 from tests.e2e.conftest import FLEET
+from tests.e2e.processes import tail
 from tests.e2e.stack import Stack
 from tests.e2e.workloads import Workloads, fleet_labelled, pod_spec
 
@@ -124,6 +125,22 @@ def _plan_model(pod: dict[str, Any]) -> str | None:
     return json.loads(note)["model"] if note else None
 
 
+def _why_not_l40s(stack: Stack, work: Workloads, pod: dict[str, Any]) -> str:
+    """For a failure message: the L40S Node's taints and cordon, the pod's
+    notes, and what the HCS parts say."""
+    spec = work.node(L40S_NODE).get("spec", {})
+    notes = {k: v for k, v in pod["metadata"].get("annotations", {}).items() if "plan" in k}
+    said = [
+        line
+        for line in tail(stack.parts["scheduler"].log, 400).splitlines()
+        if L40S_NODE in line or "L40S" in line
+    ][-8:]
+    return (
+        f"{L40S_NODE}: taints {spec.get('taints')}, unschedulable {spec.get('unschedulable')}; "
+        f"pod notes {notes}; the scheduler on L40S: {said}; {stack.why()}"
+    )
+
+
 def _fill_l40s_before_it_is_placed(stack: Stack, work: Workloads) -> None:
     """With kube-scheduler held since the pod was admitted: fill every L40S
     device with pods placed before it, then let kube-scheduler go."""
@@ -161,7 +178,7 @@ def test_a_replica_set_pod_stranded_on_a_full_class_is_replanned_and_runs_on_ano
         what="the ReplicaSet's pod admitted",
         timeout_s=30,
     )
-    assert _plan_model(first) == L40S
+    assert _plan_model(first) == L40S, _why_not_l40s(stack, work, first)
     _fill_l40s_before_it_is_placed(stack, work)
     stranded_at = time.monotonic()
 
@@ -201,7 +218,7 @@ def test_a_bare_pod_asking_for_it_stranded_on_a_full_class_is_recreated_and_runs
     first = work.pod(
         "solo", WHOLE, labels={"app": "solo"}, annotations={**notes, "hcs.io/replan": "recreate"}
     )
-    assert _plan_model(first) == L40S
+    assert _plan_model(first) == L40S, _why_not_l40s(stack, work, first)
     assert "hcs.io/submitted" in first["metadata"]["annotations"]
     _fill_l40s_before_it_is_placed(stack, work)
     stranded_at = time.monotonic()
