@@ -8,6 +8,7 @@ from typing import Any
 
 from agents import fleet as fleet_file
 from hcs_bus.profiles import load as load_profiles
+from scheduler.watching import node_block
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.stack import Stack
 
@@ -121,8 +122,10 @@ def expected_capacity(fleet: Path) -> dict[str, dict[str, int]]:
 
 
 def fleet_labelled(work: Workloads, fleet: Path, *, timeout_s: float = 60) -> dict[str, Any]:
-    """Wait until every fleet node carries the HCS labels and the kubelet has
-    synced every ``ai.compute/*`` capacity into allocatable; the Nodes by name."""
+    """Wait until every fleet node carries the HCS labels, the kubelet has
+    synced every ``ai.compute/*`` capacity into allocatable, and the Node takes
+    new pods (no cordon, no node-lifecycle taint: HCS plans around such a
+    node, ``scheduler.watching.node_block``); the Nodes by name."""
     names = [n.name for n in fleet_file.load(fleet).nodes]
 
     def labelled(name: str) -> dict[str, Any] | None:
@@ -133,14 +136,20 @@ def fleet_labelled(work: Workloads, fleet: Path, *, timeout_s: float = 60) -> di
         ours = {k: v for k, v in cap.items() if k.startswith("ai.compute/")}
         if not ours or any(alloc.get(k) != v for k, v in ours.items()):
             return None  # the kubelet has not synced allocatable yet
+        if node_block(node) is not None:
+            return None  # not ready yet, or cordoned: plans leave it out
         return node if "hcs.io/network-group" in labels else None
+
+    def explain(name: str) -> str:
+        node = work.node(name)
+        return f"allocatable {node['status'].get('allocatable')}; takes no pods: {node_block(node)}"
 
     return {
         name: wait_for(
             lambda name=name: labelled(name),
-            what=f"HCS labels and ai.compute capacity in allocatable on {name}",
+            what=f"HCS labels, ai.compute capacity in allocatable and new pods taken on {name}",
             timeout_s=timeout_s,
-            explain=lambda name=name: str(work.node(name)["status"].get("allocatable")),
+            explain=lambda name=name: explain(name),
         )
         for name in names
     }
