@@ -445,17 +445,10 @@ def double_booked(stack: Stack, pods: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def blocked_nodes(stack: Stack) -> list[str]:
-    """The Nodes taking no new pods, with why (``scheduler.watching.node_block``)."""
-    nodes = stack.cluster.api.items("/api/v1/nodes")
-    return [f"{n['metadata']['name']} ({why})" for n in nodes if (why := node_block(n))]
-
-
-def fleet_summary(stack: Stack) -> planning.Summary:
+def fleet_summary(stack: Stack, nodes: list[dict[str, Any]]) -> planning.Summary:
     """Every class's devices, free VRAM and idle devices as the scheduler's
     view holds them (fingerprints, the ledger's reservations, and the Nodes:
     a cordoned or unreachable one has no room)."""
-    nodes = stack.cluster.api.items("/api/v1/nodes")
 
     async def read(bus: Any) -> planning.Summary:
         view = ClusterView(bus, settings=stack.settings.scheduler)
@@ -476,7 +469,8 @@ def room_left(
 ) -> dict[str, Any]:
     """For the pods left unbound: which had room in a class their policy
     allows (and in the class their plan named), by kind; each class's room."""
-    summary = fleet_summary(stack)
+    nodes = stack.cluster.api.items("/api/v1/nodes")
+    summary = fleet_summary(stack, nodes)
     db = profiles.load()
     unbound = [p for p in pending if not p.get("spec", {}).get("nodeName")]
     with_room: collections.Counter[str] = collections.Counter()
@@ -512,7 +506,7 @@ def room_left(
         "by_kind": dict(with_room),
         "examples": examples,
         "classes": classes,
-        "blocked": blocked_nodes(stack),
+        "blocked": [f"{n['metadata']['name']} ({why})" for n in nodes if (why := node_block(n))],
     }
 
 

@@ -176,7 +176,7 @@ class ClusterState:
         if node is not None:
             _book(node, doc)
 
-    def apply_node_labels(
+    def apply_node(
         self, node_name: str, labels: Mapping[str, str] | None, *, blocked: str | None = None
     ) -> bool:
         """Hold the labels of the Node object ``node_name`` (None: the Node was

@@ -8,7 +8,7 @@ on live. ``ready`` is set only when all three have caught up; a watchdog
 marks nodes stale when their fingerprints stop.
 
 With a cluster, the Node watch (``watching.watch_nodes``) feeds Node labels
-through ``apply_node_labels``; ``nodes_synced`` (set by the runner) then also
+through ``apply_node``; ``nodes_synced`` (set by the runner) then also
 gates ``ready``, for at most ``SYNC_WAIT_S``, so a fresh replica does not bind
 on fingerprint labels the Nodes contradict.
 """
@@ -116,13 +116,13 @@ class ClusterView:
             self._changed(item.value.node)
         self.applied += 1
 
-    def apply_node_labels(
+    def apply_node(
         self, node: str, labels: Mapping[str, str] | None, *, blocked: str | None = None
     ) -> bool:
         """Take a Node object's labels (None: the Node was deleted) and why it
         takes no new pods (None: it does); listeners hear of the node when
         either changed."""
-        if not self.state.apply_node_labels(node, labels, blocked=blocked):
+        if not self.state.apply_node(node, labels, blocked=blocked):
             return False
         self._changed(node)
         return True

@@ -119,7 +119,7 @@ def on_node_event(view: ClusterView, kind: str, node: dict[str, Any]) -> bool:
         return False
     labels = None if kind == "DELETED" else dict(meta.get("labels") or {})
     blocked = None if kind == "DELETED" else node_block(node)
-    changed = view.apply_node_labels(str(name), labels, blocked=blocked)
+    changed = view.apply_node(str(name), labels, blocked=blocked)
     if changed:
         _log.info("node_changed", node=name, change=kind, blocked=blocked)
     return changed

@@ -4,11 +4,9 @@ and the kubelet's own admission."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from hcs_bus import vocabulary
+from bench.mixes import planned_class
 from hcs_bus.vocabulary import MODEL_LABEL, VENDOR_LABEL
 from injector import runtimes
 from tests.e2e.api import ApiError, wait_for
@@ -112,9 +110,7 @@ def _dry_run_class(work: Workloads, requests: dict[str, str]) -> str:
         "metadata": {"name": "probe"},
         "spec": pod_spec(requests),
     }
-    pod = work.api.post(f"{work.pods_path}?dryRun=All", body)
-    plan = json.loads(pod["metadata"]["annotations"][vocabulary.PLAN])
-    return f"{plan['vendor']}/{plan['model']}"
+    return planned_class(work.api.post(f"{work.pods_path}?dryRun=All", body))
 
 
 def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
@@ -122,7 +118,9 @@ def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
 ) -> None:
     nodes = fleet_labelled(work, FLEET)
     requests = {"ai.compute/vram": "16Gi"}
-    first = _dry_run_class(work, requests)
+    first = wait_for(  # the scheduler's view may still be replaying the fleet
+        lambda: _dry_run_class(work, requests), what="a dry-run plan", timeout_s=30
+    )
     names = [
         name
         for name, node in nodes.items()
@@ -144,8 +142,7 @@ def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
         work.pod("job", requests)
         pod = work.running("job")
         assert pod["spec"]["nodeName"] not in names
-        plan = json.loads(pod["metadata"]["annotations"][vocabulary.PLAN])
-        assert f"{plan['vendor']}/{plan['model']}" == moved
+        assert planned_class(pod) == moved
     finally:
         cordon(False)
     wait_for(

@@ -243,7 +243,7 @@ def test_a_node_taking_no_new_pods_says_why_offers_no_room_and_comes_first() -> 
     state.apply_fingerprint(node_fp("zzz-cordoned", count=2), now=0.0)
     before = panels.node_row(state.nodes["zzz-cordoned"])
     assert before["blocked"] is None and before["vram_free_mib"] > 0
-    state.apply_node_labels("zzz-cordoned", {}, blocked="cordoned (spec.unschedulable)")
+    state.apply_node("zzz-cordoned", {}, blocked="cordoned (spec.unschedulable)")
     doc = panels.overview(
         state, profiles=DB, alerts=[], checkpoints={}, limits={}, now_s=5.0, ready=True
     )

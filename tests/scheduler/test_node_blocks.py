@@ -118,9 +118,9 @@ def test_a_blocked_node_leaves_the_plan_and_comes_back_when_its_node_takes_pods_
 
 def test_a_block_seen_before_the_fingerprint_holds_when_it_arrives_and_a_deleted_node_drops_it():
     state = state_of()
-    assert state.apply_node_labels("a", {}, blocked="cordoned (spec.unschedulable)")
+    assert state.apply_node("a", {}, blocked="cordoned (spec.unschedulable)")
     state.apply_fingerprint(node_fp("a"), now=0.0)
     assert not state.nodes["a"].schedulable
-    assert state.apply_node_labels("a", None)  # the Node was deleted: nothing blocks it any more
+    assert state.apply_node("a", None)  # the Node was deleted: nothing blocks it any more
     assert state.nodes["a"].schedulable
-    assert not state.apply_node_labels("a", None)
+    assert not state.apply_node("a", None)

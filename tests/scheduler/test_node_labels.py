@@ -28,37 +28,37 @@ def test_a_node_label_wins_over_the_fingerprints() -> None:
     state = state_of(node_fp("a", labels={"hcs.io/network-group": "from-agent"}))
     assert _group(state, "a") == "from-agent"
 
-    assert state.apply_node_labels("a", {"hcs.io/network-group": "from-node"})
+    assert state.apply_node("a", {"hcs.io/network-group": "from-node"})
     assert _group(state, "a") == "from-node"
 
 
 def test_a_label_removed_from_the_node_stops_counting_even_if_the_fingerprint_has_it() -> None:
     state = state_of(node_fp("a", labels={"hcs.io/rdma-fabric": "ib-old"}))
-    state.apply_node_labels("a", {"hcs.io/rdma-fabric": "ib-a", "kubernetes.io/hostname": "a"})
+    state.apply_node("a", {"hcs.io/rdma-fabric": "ib-a", "kubernetes.io/hostname": "a"})
     assert _group(state, "a") == "ib-a"
 
-    assert state.apply_node_labels("a", {"kubernetes.io/hostname": "a"})
+    assert state.apply_node("a", {"kubernetes.io/hostname": "a"})
     assert _group(state, "a") is None
     assert "hcs.io/rdma-fabric" not in state.nodes["a"].labels
 
 
 def test_the_rdma_fabric_names_the_group_before_the_network_group() -> None:
     state = state_of(node_fp("a"))
-    state.apply_node_labels("a", {"hcs.io/network-group": "ng-a", "hcs.io/rdma-fabric": "ib-a"})
+    state.apply_node("a", {"hcs.io/network-group": "ng-a", "hcs.io/rdma-fabric": "ib-a"})
     assert _group(state, "a") == "ib-a"
 
 
 def test_a_deleted_node_leaves_the_fingerprint_labels_in_force() -> None:
     state = state_of(node_fp("a", labels={"hcs.io/network-group": "ng-fp"}))
-    state.apply_node_labels("a", {"hcs.io/network-group": "ng-node"})
-    assert state.apply_node_labels("a", None)
+    state.apply_node("a", {"hcs.io/network-group": "ng-node"})
+    assert state.apply_node("a", None)
     assert _group(state, "a") == "ng-fp"
-    assert not state.apply_node_labels("a", None)  # nothing held: no change
+    assert not state.apply_node("a", None)  # nothing held: no change
 
 
 def test_node_labels_outlive_a_new_fingerprint_and_arrive_before_the_first() -> None:
     state = ClusterState()
-    assert state.apply_node_labels("a", {"hcs.io/network-group": "ng-a"})
+    assert state.apply_node("a", {"hcs.io/network-group": "ng-a"})
     state.apply_fingerprint(node_fp("a", seq=1), now=0.0)
     assert _group(state, "a") == "ng-a"
     state.apply_fingerprint(node_fp("a", seq=2), now=1.0)
@@ -67,20 +67,20 @@ def test_node_labels_outlive_a_new_fingerprint_and_arrive_before_the_first() -> 
 
 def test_the_same_labels_again_are_no_change() -> None:
     state = state_of(node_fp("a"))
-    assert state.apply_node_labels("a", {"x": "1"})
-    assert not state.apply_node_labels("a", {"x": "1"})
-    assert state.apply_node_labels("a", {"x": "2"})
+    assert state.apply_node("a", {"x": "1"})
+    assert not state.apply_node("a", {"x": "1"})
+    assert state.apply_node("a", {"x": "2"})
 
 
 def test_other_fingerprint_labels_stay_beside_the_nodes() -> None:
     state = state_of(node_fp("a", labels={"hcs.io/model": "A100-80G", "x": "fp"}))
-    state.apply_node_labels("a", {"x": "node"})
+    state.apply_node("a", {"x": "node"})
     assert state.nodes["a"].labels == {"hcs.io/model": "A100-80G", "x": "node"}
 
 
 def test_a_booked_copy_keeps_the_node_labels() -> None:
     state = state_of(node_fp("a"))
-    state.apply_node_labels("a", {"hcs.io/rdma-fabric": "ib-a"})
+    state.apply_node("a", {"hcs.io/rdma-fabric": "ib-a"})
     copy = booked(state.nodes["a"], NodeReservations(node="a"))
     assert placing.network_group(copy) == "ib-a"
 
@@ -101,7 +101,7 @@ def _cache_with_job_on(state: ClusterState, node: str) -> NodeCache:
 def test_job_groups_and_affinity_come_from_node_labels() -> None:
     state = state_of(node_fp("a"), node_fp("b"), node_fp("c"))
     for name, group in (("a", "ng-1"), ("b", "ng-1"), ("c", "ng-2")):
-        state.apply_node_labels(name, {"hcs.io/network-group": group})
+        state.apply_node(name, {"hcs.io/network-group": group})
     cache = _cache_with_job_on(state, "a")
     groups = cache.job_groups(_job_pod("train-1"))
     assert groups == {"ng-1"}
@@ -111,13 +111,13 @@ def test_job_groups_and_affinity_come_from_node_labels() -> None:
 
 def test_a_node_whose_labels_change_is_scored_afresh_once_the_cache_hears_of_it() -> None:
     state = state_of(node_fp("a"), node_fp("b"))
-    state.apply_node_labels("a", {"hcs.io/network-group": "ng-1"})
-    state.apply_node_labels("b", {"hcs.io/network-group": "ng-2"})
+    state.apply_node("a", {"hcs.io/network-group": "ng-1"})
+    state.apply_node("b", {"hcs.io/network-group": "ng-2"})
     cache = _cache_with_job_on(state, "a")
     demand = cache.of(SLICE)
     assert demand.scores(["b"], job_groups={"ng-1"})[0].score == 0
 
-    state.apply_node_labels("b", {"hcs.io/network-group": "ng-1"})
+    state.apply_node("b", {"hcs.io/network-group": "ng-1"})
     assert demand.scores(["b"], job_groups={"ng-1"})[0].score == 0  # cached until told
     cache.changed("b")
     assert demand.scores(["b"], job_groups={"ng-1"})[0].score == 10

@@ -257,6 +257,6 @@ def test_a_pod_whose_class_has_room_only_on_nodes_taking_no_new_pods_is_stranded
         node_fp("a100-1", "nvidia/A100-80G"), node_fp("ascend-1", "huawei/Ascend910B2")
     )
     assert _judge(_pod(), planning.summarise(state.nodes.values())) is None
-    state.apply_node_labels("a100-1", {}, blocked="taint node.kubernetes.io/unreachable:NoSchedule")
+    state.apply_node("a100-1", {}, blocked="taint node.kubernetes.io/unreachable:NoSchedule")
     found = _judge(_pod(), planning.summarise(state.nodes.values()))
     assert found is not None and found.target == "huawei/Ascend910B2"
