@@ -73,14 +73,15 @@ def mutate(
         _spec_field(patch, spec, "runtimeClassName", runtime.runtime_class, warnings)
     found = dict(((ref.field, ref.index), c) for ref, c in containers(pod))
     rebound = _rebinds(spec, found, demand=demand, note=note, choice=choice, config=ctx.rebinding)
-    volumes = _volumes(runtime, ctx) + [r.volume for r in rebound.values() if r.volume]
+    ledger = _ledger(spec, demand, ctx.runtimes.interceptor)
+    volumes = _volumes(runtime, ctx, ledger) + [r.volume for r in rebound.values() if r.volume]
     _add_volumes(patch, spec, volumes)
     for ref in demand.targets:
         container = found[(ref.field, ref.index)]
         base = pointer("spec", ref.field, ref.index)
-        _env(patch, base, container, _wanted_env(runtime, ctx.runtimes), warnings)
+        _env(patch, base, container, _wanted_env(runtime, ctx.runtimes, ledger), warnings)
         code = rebound.get(ref)
-        mounts = _mounts(runtime, ctx.runtimes.interceptor)
+        mounts = _mounts(runtime, ctx.runtimes.interceptor, ledger)
         if code is not None and code.mount is not None:
             mounts.append(code.mount)
         _add_mounts(patch, base, container, mounts, ref=ref)
@@ -168,7 +169,21 @@ def _rebinds(
     return out
 
 
-def _volumes(runtime: VendorRuntime, ctx: Context) -> list[dict[str, Any]]:
+def _ledger(spec: Mapping[str, Any], demand: Demand, interceptor: Interceptor) -> str | None:
+    """Where the interceptor's accounting file goes: the pod's own /dev/shm
+    (``ipc_shm_path``, returned) when one container asks and the pod keeps
+    its own IPC namespace, since every volume is work for the kubelet as
+    long as the pod lives; else None: a memory emptyDir shared by the asking
+    containers (their /dev/shm may differ) and apart from the host's. A pod
+    that already holds the emptyDir (reinvocation, a copied spec) keeps it."""
+    if interceptor.ipc_shm_path is None or spec.get("hostIPC") or len(demand.targets) != 1:
+        return None
+    if any(isinstance(v, dict) and v.get("name") == SHM_VOLUME for v in spec.get("volumes") or []):
+        return None
+    return interceptor.ipc_shm_path
+
+
+def _volumes(runtime: VendorRuntime, ctx: Context, ledger: str | None) -> list[dict[str, Any]]:
     volumes = [
         {"name": m.name, "hostPath": {"path": m.host_path, "type": m.type}} for m in runtime.mounts
     ]
@@ -182,8 +197,9 @@ def _volumes(runtime: VendorRuntime, ctx: Context) -> list[dict[str, Any]]:
             "hostPath": {"path": ctx.interceptor_host_path, "type": "Directory"},
         }
     )
-    limit = ctx.runtimes.interceptor.shm_size_limit
-    volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": limit}})
+    if ledger is None:
+        limit = ctx.runtimes.interceptor.shm_size_limit
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": limit}})
     return volumes
 
 
@@ -206,7 +222,9 @@ def _same_source(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     return "emptyDir" in current
 
 
-def _mounts(runtime: VendorRuntime, interceptor: Interceptor) -> list[dict[str, Any]]:
+def _mounts(
+    runtime: VendorRuntime, interceptor: Interceptor, ledger: str | None
+) -> list[dict[str, Any]]:
     mounts = [{"name": m.name, "mountPath": m.mount_path, "readOnly": True} for m in runtime.mounts]
     # device nodes: opened read-write (a read-only bind does not stop that, but
     # says the wrong thing); the device cgroup decides access
@@ -214,7 +232,8 @@ def _mounts(runtime: VendorRuntime, interceptor: Interceptor) -> list[dict[str, 
     mounts.append(
         {"name": INTERCEPTOR_VOLUME, "mountPath": interceptor.mount_path, "readOnly": True}
     )
-    mounts.append({"name": SHM_VOLUME, "mountPath": interceptor.shm_dir})
+    if ledger is None:
+        mounts.append({"name": SHM_VOLUME, "mountPath": interceptor.shm_dir})
     return mounts
 
 
@@ -249,13 +268,15 @@ def _annotation_env(name: str, annotation: str) -> dict[str, Any]:
     return _field_env(name, f"metadata.annotations['{annotation}']")
 
 
-def _wanted_env(runtime: VendorRuntime, runtimes: Runtimes) -> list[dict[str, Any]]:
+def _wanted_env(
+    runtime: VendorRuntime, runtimes: Runtimes, ledger: str | None
+) -> list[dict[str, Any]]:
     interceptor = runtimes.interceptor
     env = [_annotation_env(name, DEVICES_ANNOTATION) for name in runtime.visible_devices_env]
     env += [_annotation_env(n, a) for n, a in runtimes.common_annotation_env.items()]
     env += [_annotation_env(n, a) for n, a in runtime.annotation_env.items()]
     env += [{"name": n, "value": v} for n, v in runtime.env.items()]
-    env.append({"name": "HCS_SHM_PATH", "value": interceptor.shm_path})
+    env.append({"name": "HCS_SHM_PATH", "value": ledger or interceptor.shm_path})
     env.append(_field_env("HCS_NODE_NAME", "spec.nodeName"))
     env.append({"name": "LD_LIBRARY_PATH", "value": ":".join(runtime.library_paths)})
     env.append({"name": "LD_PRELOAD", "value": interceptor.library_path})

@@ -79,6 +79,9 @@ class Interceptor(_Strict, frozen=True):
     shm_dir: str
     shm_file: str
     shm_size_limit: str = "16Mi"
+    # a pod with one asking container, in its own IPC namespace: the ledger
+    # sits in the pod's /dev/shm, no volume (None: always the emptyDir)
+    ipc_shm_path: str | None = None
 
     @property
     def library_path(self) -> str:

@@ -122,6 +122,20 @@ static const char *check_owner(int fd, const struct stat *st) {
     return NULL;
 }
 
+/* Open the accounting file, creating it when absent. An existing file is
+ * opened without O_CREAT: in a sticky world-writable directory such as the
+ * pod's /dev/shm, fs.protected_regular refuses O_CREAT on a file that another
+ * user created, even one we may write. */
+static int open_or_create(const char *path) {
+    for (int tries = 0; tries < 3; tries++) {
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 || errno != ENOENT) return fd;
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0660);
+        if (fd >= 0 || errno != EEXIST) return fd;  /* EEXIST: another process won */
+    }
+    return -1;
+}
+
 /* Map (creating if needed) the accounting file. On an unusable file fall
  * back to process-private accounting, complaining loudly. The descriptor
  * stays open: it carries the OFD lock of our slot. */
@@ -129,7 +143,7 @@ int hcs_shm_open(const char *path) {
     const size_t size = sizeof(struct hcs_shm);
     snprintf(hcs_g.path, sizeof hcs_g.path, "%s", path);
     hcs_g.pidns = own_pidns();
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660);
+    int fd = open_or_create(path);
     if (fd < 0) {
         HCS_LOG(HCS_LOG_ERROR, "open %s: %s; quota enforced per process only", path, strerror(errno));
         return open_private();
@@ -145,7 +159,13 @@ int hcs_shm_open(const char *path) {
     if (fstat(fd, &st) != 0) why = "fstat failed";
     else if ((why = check_owner(fd, &st)) != NULL) {
     } else if (st.st_size == 0) {
-        if (ftruncate(fd, (off_t)size) != 0) why = "ftruncate failed";
+        /* every page allocated now: on a tmpfs the workload also fills
+         * (/dev/shm), a sparse file would fault with SIGBUS later instead */
+        int rc = posix_fallocate(fd, 0, (off_t)size);
+        if (rc != 0) {
+            why = rc == ENOSPC ? "no room for it (the file system is full)" : "cannot allocate it";
+            if (ftruncate(fd, 0) != 0) why = "cannot allocate it, nor empty it again";
+        }
         fresh = 1;
     } else if ((size_t)st.st_size < sizeof(struct hcs_shm_header)) {
         why = "file too small for header";

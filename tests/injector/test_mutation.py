@@ -57,8 +57,10 @@ async def test_gpu_pod_gets_affinity_scheduler_env_mounts_and_plan(
     p2p = field_path(env["NCCL_P2P_DISABLE"])
     assert p2p == "metadata.annotations['hcs.io/collective-p2p-disable']"
     assert env["LD_PRELOAD"]["value"] == "/usr/local/hcs/lib/libhcs_interceptor.so"
-    assert env["HCS_SHM_PATH"]["value"] == "/var/run/hcs/vram.shm"
+    # one container asks: the ledger lives in the pod's own /dev/shm, no volume
+    assert env["HCS_SHM_PATH"]["value"] == "/dev/shm/hcs-vram.shm"
     mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert "hcs-shm" not in mounts
     assert mounts["hcs-interceptor"] == {
         "name": "hcs-interceptor",
         "mountPath": "/usr/local/hcs/lib",
@@ -158,6 +160,13 @@ async def test_init_containers_asking_are_patched_and_others_untouched(
     assert {m["name"] for m in warmup["volumeMounts"]} >= {"hcs-interceptor", "hcs-shm"}
     assert fetch == {"name": "fetch", "image": "f:1"}
     assert pod["spec"]["containers"][1] == {"name": "sidecar", "image": "s:1"}
+    # two containers ask: one ledger for both, in a memory emptyDir each mounts
+    main = pod["spec"]["containers"][0]
+    shm = {v["name"]: v for v in pod["spec"]["volumes"]}["hcs-shm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Mi"}
+    for asking in (warmup, main):
+        assert env_of(asking)["HCS_SHM_PATH"]["value"] == "/var/run/hcs/vram.shm"
+        assert {"name": "hcs-shm", "mountPath": "/var/run/hcs"} in asking["volumeMounts"]
     # effective pod demand: max(sum of containers, largest init container)
     assert responder.requests[0].requests.vram_mib == 32768
 
@@ -338,7 +347,7 @@ async def test_absent_parents_are_added_whole_and_other_affinity_kept(
     assert annotations == {"hcs.io/plan", "hcs.io/plan-sig"}
     assert result["spec"]["affinity"]["podAntiAffinity"] == anti["podAntiAffinity"]
     assert "nodeAffinity" in result["spec"]["affinity"]
-    assert {v["name"] for v in result["spec"]["volumes"]} == {"hcs-interceptor", "hcs-shm"}
+    assert {v["name"] for v in result["spec"]["volumes"]} == {"hcs-interceptor"}
     assert "env" in result["spec"]["containers"][0]
 
 
@@ -367,3 +376,20 @@ async def test_the_plans_pledge_is_carried_signed_and_a_note_copied_to_another_p
     assert refused["allowed"] is False
     assert "hcs.io/pledge" in refused["status"]["message"]
     assert len(responder.requests) == 1
+
+
+@pytest.mark.parametrize("shape", ["hostIPC", "copied spec"])
+async def test_a_pod_on_the_hosts_ipc_or_already_holding_the_ledger_volume_keeps_the_emptydir(
+    webhook: Webhook, shape: str
+) -> None:
+    doc = gpu_review()
+    spec = pod_of(doc)["spec"]
+    if shape == "hostIPC":
+        spec["hostIPC"] = True  # its /dev/shm is the host's, shared with other pods
+    else:
+        spec["volumes"].append({"name": "hcs-shm", "emptyDir": {"medium": "Memory"}})
+    pod = patched(doc, await webhook.review(doc))
+    container = pod["spec"]["containers"][0]
+    assert env_of(container)["HCS_SHM_PATH"]["value"] == "/var/run/hcs/vram.shm"
+    assert {"name": "hcs-shm", "mountPath": "/var/run/hcs"} in container["volumeMounts"]
+    assert [v["name"] for v in pod["spec"]["volumes"]].count("hcs-shm") == 1
