@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for shape in todo:
             print(f"{shape.name}: {args.pods} pods", flush=True)
-            results.append(hold(cluster, shape, nodes=nodes, pods=args.pods, window_s=args.window_s))
+            results.append(
+                hold(cluster, shape, nodes=nodes, pods=args.pods, window_s=args.window_s)
+            )
         report(todo, results, rest=rest, pods=args.pods)
     finally:
         cluster.stop()
