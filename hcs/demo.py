@@ -101,9 +101,11 @@ class DemoJob:
         while True:
             attempt = await self._start_pod(http)
             trainer = asyncio.create_task(self._train(), name="demo:trainer")
-            await evicted.wait()
-            trainer.cancel()
-            await asyncio.gather(trainer, return_exceptions=True)
+            try:
+                await evicted.wait()
+            finally:  # evicted, or the job stopped (hcs up ending): never left to outlive the bus
+                trainer.cancel()
+                await asyncio.gather(trainer, return_exceptions=True)
             evicted.clear()
             _log.warning("demo_pod_evicted", pod=attempt.name, node=attempt.node, step=self.step)
             await self.bus.request(
