@@ -31,6 +31,10 @@ the bursts, with no pod running), and what the HCS path adds per pod: with
 the machine's CPU saturated, pods/s follows that cost; and each process's
 load once a burst's pods all run, against its load at rest. Target: hcs pods/s ≥
 0.8 × plain, 0 over-committed, 0 Pending while an allowed class has room.
+
+``--rounds N`` runs the two bursts N times in turn (plain, HCS, plain, …)
+and prints each back-to-back pair's ratio and their median: this machine's
+speed drifts by more than a small change moves one ratio.
 """
 
 from __future__ import annotations
@@ -276,7 +280,7 @@ def burst(
         "pending_reasons": _reasons(pending),
         "create_errors": errors[:5],
         "create_error_count": len(errors),
-        "double_booked": double_booked(stack, items) if label != "plain" else [],
+        "double_booked": [] if label.startswith("plain") else double_booked(stack, items),
         "cpu_s": cpu,
         "cpu_wall_s": cpu_end - cpu_start,
         "requests": requests,
@@ -286,7 +290,9 @@ def burst(
             for name, after in histograms(scraped_after).items()
         },
         "namespace": namespace,
-        "room": room_left(stack, pending, kinds=kinds, label=label) if label != "plain" else None,
+        "room": None
+        if label.startswith("plain")
+        else room_left(stack, pending, kinds=kinds, label=label),
     }
 
 
@@ -627,15 +633,7 @@ def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> No
     """CPU per pod of each process, less its load at rest over the burst's
     window: what the pods themselves cost, and what the HCS path adds."""
     plain, hcs = results[0], results[1]
-
-    def per_pod(r: dict[str, Any]) -> dict[str, float]:
-        pods = max(r["running"], 1)
-        return {
-            n: 1000 * max(s - rest.get(n, 0.0) * r["cpu_wall_s"], 0.0) / pods
-            for n, (_g, s) in r["cpu_s"].items()
-        }
-
-    a, b = per_pod(plain), per_pod(hcs)
+    a, b = cost_per_pod(plain, rest), cost_per_pod(hcs, rest)
     print(
         "\nCPU ms per pod, less each process's load at rest "
         f"({sum(rest.values()):.2f} cores in all, measured before the bursts):"
@@ -659,6 +657,40 @@ def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> No
             f"    {'at rest':<8} {sum(rest.values()):.2f} = "
             + ", ".join(f"{n} {rest[n]:.2f}" for n in names)
         )
+
+
+def cost_per_pod(r: dict[str, Any], rest: dict[str, float]) -> dict[str, float]:
+    """Each process's CPU ms per started pod of burst ``r``, less its load at rest."""
+    pods = max(r["running"], 1)
+    return {
+        n: 1000 * max(s - rest.get(n, 0.0) * r["cpu_wall_s"], 0.0) / pods
+        for n, (_g, s) in r["cpu_s"].items()
+    }
+
+
+def report_rounds(results: list[dict[str, Any]], rest: dict[str, float]) -> None:
+    """With ``--rounds``: each (plain, HCS) pair's ratio, measured and as CPU
+    per pod predicts it, and their median. The machine's speed drifts
+    between runs; pairs run back to back share it."""
+    pairs = list(zip(results[::2], results[1::2], strict=True))
+    if len(pairs) < 2:
+        return
+    print("\nrounds (plain then HCS, back to back):")
+    print(f"  {'round':<6}{'plain/s':>9}{'hcs/s':>9}{'ratio':>8}{'by CPU':>8}")
+    measured, predicted = [], []
+    for i, (plain, hcs) in enumerate(pairs, 1):
+        ratio = hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else math.nan
+        cpu_hcs = sum(cost_per_pod(hcs, rest).values())
+        by_cpu = sum(cost_per_pod(plain, rest).values()) / cpu_hcs if cpu_hcs else math.nan
+        measured.append(ratio)
+        predicted.append(by_cpu)
+        print(
+            f"  {i:<6}{plain['pods_per_s']:>9.1f}{hcs['pods_per_s']:>9.1f}{ratio:>8.2f}{by_cpu:>8.2f}"
+        )
+    print(
+        f"  median ratio {statistics.median(measured):.2f} (min {min(measured):.2f}, "
+        f"max {max(measured):.2f}; by CPU {statistics.median(predicted):.2f}; target >= 0.8)"
+    )
 
 
 def report_requests(results: list[dict[str, Any]], *, top: int = 14) -> None:
@@ -709,6 +741,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--settle-s", type=float, default=30.0, help="stop when no pod starts for this long"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the plain and HCS bursts this many times in turn and print each pair's ratio",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args(argv)
     configure(TelemetrySettings(log_format="console", log_level="warning"), service="bench-burst")
@@ -744,7 +782,12 @@ def main(argv: list[str] | None = None) -> int:
         rest = at_rest(cluster, stack, seconds=args.rest_s)
         plain = [Kind("plain", 100, {PLAIN: "1"})] * args.pods
         results: list[dict[str, Any]] = []
-        for label, kinds in (("plain", plain), (hcs_label, hcs_kinds)):
+        runs = [
+            (f"{name}-{i}" if i > 1 else name, kinds)
+            for i in range(1, args.rounds + 1)
+            for name, kinds in (("plain", plain), (hcs_label, hcs_kinds))
+        ]
+        for label, kinds in runs:
             if results:
                 clear(cluster, results[-1]["namespace"])
             print(f"{label} burst: {len(kinds)} pods, {args.workers} clients", flush=True)
@@ -755,13 +798,15 @@ def main(argv: list[str] | None = None) -> int:
                     label=label,
                     kinds=kinds,
                     workers=args.workers,
-                    settle_s=args.settle_s + (REPLAN_AFTER_S if label == "hcs-mix" else 0.0),
+                    settle_s=args.settle_s
+                    + (REPLAN_AFTER_S if label.startswith("hcs-mix") else 0.0),
                 )
             )
             # the same, with the burst's pods running: what holding them costs
             results[-1]["held"] = at_rest(cluster, stack, seconds=args.rest_s)
         report(results)
         report_pod_cost(results, rest)
+        report_rounds(results, rest)
     finally:
         if stack is not None:
             stack.stop()

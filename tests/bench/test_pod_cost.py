@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.burst import report_pod_cost
+from bench.burst import report_pod_cost, report_rounds
 
 
 def _burst(label: str, *, wall_s: float, running: int, **cpu_s: float) -> dict:
@@ -40,3 +40,28 @@ def test_a_process_busier_than_at_rest_costs_per_pod_and_the_ratio_follows(
     out = capsys.readouterr().out
     assert "apiserver" in out and "20.0" in out and "30.0" in out and "+10.0" in out
     assert "predicts for pods/s): 0.67" in out
+
+
+def test_rounds_give_each_back_to_back_pairs_ratio_and_their_median(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = []
+    for plain_s, hcs_s in ((40.0, 20.0), (30.0, 24.0), (50.0, 30.0)):
+        plain = _burst("plain", wall_s=10.0, running=100, kubelets=2.0)
+        hcs = _burst("hcs", wall_s=10.0, running=100, kubelets=4.0)
+        plain["pods_per_s"], hcs["pods_per_s"] = plain_s, hcs_s
+        results += [plain, hcs]
+    report_rounds(results, {"kubelets": 0.0})
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[3] for row in rows] == ["0.50", "0.80", "0.60"]
+    assert [row[4] for row in rows] == ["0.50"] * 3  # 20 ms against 40 ms per pod
+    assert "median ratio 0.60 (min 0.50, max 0.80; by CPU 0.50" in out
+
+
+def test_one_round_prints_no_rounds_table(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = _burst("plain", wall_s=10.0, running=100, kubelets=2.0)
+    hcs = _burst("hcs", wall_s=10.0, running=100, kubelets=4.0)
+    plain["pods_per_s"], hcs["pods_per_s"] = 40.0, 20.0
+    report_rounds([plain, hcs], {})
+    assert capsys.readouterr().out == ""
