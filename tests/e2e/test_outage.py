@@ -212,9 +212,16 @@ def test_a_bare_pod_asking_for_it_stranded_on_a_full_class_is_recreated_and_runs
     stack: Stack, work: Workloads, record_property: Any
 ) -> None:
     fleet_labelled(work, FLEET)
+    notes = {"hcs.io/models": L40S, "hcs.io/substitution": "allow", "team": "vision"}
+    # the previous test's pods and pledges on L40S may still be going away
+    wait_for(
+        lambda: work.dry_run_class(WHOLE, annotations=notes) == f"nvidia/{L40S}",
+        what="dry-run plans into L40S (its room back from earlier tests)",
+        timeout_s=60,
+        explain=lambda: f"planned into {work.dry_run_class(WHOLE, annotations=notes)}",
+    )
     assert stack.cluster.scheduler is not None
     stack.cluster.scheduler.stop()  # the pod is admitted (and pledged) while L40S has room
-    notes = {"hcs.io/models": L40S, "hcs.io/substitution": "allow", "team": "vision"}
     first = work.pod(
         "solo", WHOLE, labels={"app": "solo"}, annotations={**notes, "hcs.io/replan": "recreate"}
     )

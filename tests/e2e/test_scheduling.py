@@ -12,7 +12,7 @@ from injector import runtimes
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.conftest import FLEET
 from tests.e2e.stack import Stack
-from tests.e2e.workloads import Workloads, expected_capacity, fleet_labelled, pod_spec
+from tests.e2e.workloads import Workloads, expected_capacity, fleet_labelled
 
 GI = 1024**3
 
@@ -102,24 +102,13 @@ def test_a_pod_of_every_vendor_runs_with_its_runtime_and_device_nodes(
     assert set(profile.visible_devices_env) <= env
 
 
-def _dry_run_class(work: Workloads, requests: dict[str, str]) -> str:
-    """The class the webhook plans a pod into, from a dry-run create (no pledge)."""
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "probe"},
-        "spec": pod_spec(requests),
-    }
-    return planned_class(work.api.post(f"{work.pods_path}?dryRun=All", body))
-
-
 def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
     stack: Stack, work: Workloads
 ) -> None:
     nodes = fleet_labelled(work, FLEET)
     requests = {"ai.compute/vram": "16Gi"}
     first = wait_for(  # the scheduler's view may still be replaying the fleet
-        lambda: _dry_run_class(work, requests), what="a dry-run plan", timeout_s=30
+        lambda: work.dry_run_class(requests), what="a dry-run plan", timeout_s=30
     )
     names = [
         name
@@ -135,7 +124,7 @@ def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
     cordon(True)
     try:
         moved = wait_for(
-            lambda: (c := _dry_run_class(work, requests)) != first and c,
+            lambda: (c := work.dry_run_class(requests)) != first and c,
             what=f"plans leaving {first} once its nodes {names} are cordoned",
             timeout_s=30,
         )
@@ -146,7 +135,7 @@ def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
     finally:
         cordon(False)
     wait_for(
-        lambda: _dry_run_class(work, requests) == first,
+        lambda: work.dry_run_class(requests) == first,
         what=f"plans back in {first} once its nodes are uncordoned",
         timeout_s=60,
     )

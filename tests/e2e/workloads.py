@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import fleet as fleet_file
+from bench.mixes import planned_class
 from hcs_bus.profiles import load as load_profiles
 from scheduler.watching import node_block
 from tests.e2e.api import ApiError, wait_for
@@ -59,6 +60,19 @@ class Workloads:
         }
         created: dict[str, Any] = self.api.create(body, namespace=self.namespace)
         return created
+
+    def dry_run_class(
+        self, requests: Mapping[str, str], *, annotations: Mapping[str, str] | None = None
+    ) -> str:
+        """The class the webhook plans such a pod into now: a dry-run create
+        (no pledge), read with ``bench.mixes.planned_class``."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe", "annotations": dict(annotations or {})},
+            "spec": pod_spec(requests),
+        }
+        return planned_class(self.api.post(f"{self.pods_path}?dryRun=All", body))
 
     def get(self, name: str) -> dict[str, Any]:
         pod: dict[str, Any] = self.api.get(f"{self.pods_path}/{name}")
