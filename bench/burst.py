@@ -143,7 +143,7 @@ class Watcher(threading.Thread):
             conn.close()
 
 
-def _pod(name: str, kind: Kind) -> dict[str, Any]:
+def burst_pod(name: str, kind: Kind) -> dict[str, Any]:
     requests = dict(kind.requests)
     return {
         "apiVersion": "v1",
@@ -233,7 +233,7 @@ def burst(
     def create(i: int) -> None:
         name = f"{label}-{i:04d}"
         try:
-            cluster.api.create(_pod(name, kinds[i]), namespace=namespace)
+            cluster.api.create(burst_pod(name, kinds[i]), namespace=namespace)
             created_at[name] = time.monotonic()
         except ApiError as exc:
             errors.append(f"{name}: {exc}")

@@ -36,7 +36,7 @@ from typing import Any
 import jsonpatch
 import msgspec
 
-from bench.burst import _pod, cpu_s
+from bench.burst import burst_pod, cpu_s
 from bench.mixes import Kind
 from injector import demands, mutating, rebinding, runtimes
 from injector.plans import PlanNote, encode
@@ -63,7 +63,7 @@ class Shape:
 def hcs_pod(vendor: str, ctx: mutating.Context) -> dict[str, Any]:
     """The pod the injector makes of a ``VRAM`` pod planned onto ``vendor``,
     less its compute requests and node affinity."""
-    pod = _pod("x", Kind("vram", 100, {"ai.compute/vram": VRAM}))
+    pod = burst_pod("x", Kind("vram", 100, {"ai.compute/vram": VRAM}))
     demand = demands.read(pod)
     assert demand is not None
     note = PlanNote(vendor=vendor, model="m", devices=1, vram_mib_per_device=16384)
@@ -91,7 +91,7 @@ def shapes() -> list[Shape]:
         scheduler_name="hcs-scheduler",
         interceptor_host_path="/usr/local/hcs/lib",
     )
-    plain = _pod("x", Kind("plain", 100, {}))
+    plain = burst_pod("x", Kind("plain", 100, {}))
     for container in plain["spec"]["containers"]:
         container.pop("resources", None)
     plain["spec"].pop("schedulerName", None)
@@ -117,9 +117,9 @@ def cores(cluster: Cluster, seconds: float) -> float:
 
 
 def hold(
-    cluster: Cluster, shape: Shape, *, nodes: list[str], pods: int, window_s: float
+    cluster: Cluster, shape: Shape, *, index: int, nodes: list[str], pods: int, window_s: float
 ) -> dict[str, float]:
-    namespace = cluster.namespace(f"hold-{len(shape.name)}-{shape.name[:8].strip(', ')}")
+    namespace = cluster.namespace(f"hold-{index}")
     cluster.ensure_default_service_account(namespace)
 
     def create(i: int) -> None:
@@ -176,23 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(bins, root=Path(tempfile.mkdtemp(prefix="hcs-hold-")))
     try:
         cluster.start()
-        for name in {s.pod["spec"].get("runtimeClassName") for s in todo} - {None}:
-            cluster.api.apply(
-                {
-                    "apiVersion": "node.k8s.io/v1",
-                    "kind": "RuntimeClass",
-                    "metadata": {"name": name},
-                    "handler": name,
-                }
-            )
+        cluster.add_runtime_classes(
+            {s.pod["spec"]["runtimeClassName"] for s in todo if "runtimeClassName" in s.pod["spec"]}
+        )
         nodes = [f"hold-{i:03d}" for i in range(args.nodes)]
         cluster.add_nodes(nodes)
         rest = cores(cluster, args.window_s)
         results = []
-        for shape in todo:
+        for index, shape in enumerate(todo):
             print(f"{shape.name}: {args.pods} pods", flush=True)
             results.append(
-                hold(cluster, shape, nodes=nodes, pods=args.pods, window_s=args.window_s)
+                hold(
+                    cluster, shape, index=index, nodes=nodes, pods=args.pods, window_s=args.window_s
+                )
             )
         report(todo, results, rest=rest, pods=args.pods)
     finally:

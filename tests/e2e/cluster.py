@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,18 @@ class Cluster:
         except ApiError as exc:
             if exc.status != 409:
                 raise
+
+    def add_runtime_classes(self, names: Iterable[str]) -> None:
+        """A RuntimeClass per name, its handler of the same name."""
+        for name in names:
+            self.api.apply(
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": name},
+                    "handler": name,
+                }
+            )
 
     def namespace(self, name: str, *, labels: dict[str, str] | None = None) -> str:
         self.api.create(

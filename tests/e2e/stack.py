@@ -91,15 +91,7 @@ class Stack:
         api.apply_yaml(
             sorted((DEPLOY / "kube-system").glob("*.yaml")), skip_kinds=["Kustomization"]
         )
-        for name in RUNTIME_CLASSES:
-            api.apply(
-                {
-                    "apiVersion": "node.k8s.io/v1",
-                    "kind": "RuntimeClass",
-                    "metadata": {"name": name},
-                    "handler": name,
-                }
-            )
+        self.cluster.add_runtime_classes(RUNTIME_CLASSES)
         wait_for(
             lambda: all(self._crd_established(f) for f in CRD_FILES),
             what="HCS CRDs established",
