@@ -225,8 +225,8 @@ def burst(
     watcher = Watcher(cluster, namespace)
     watcher.start()
     cpu_before, cpu_start = cpu_now(cluster, stack), time.monotonic()
-    scraped_before = scrape(stack)
-    requests_before = api_requests(cluster)
+    scraped_before = scrape(stack, cluster)
+    requests_before = api_requests(scraped_before)
     created_at: dict[str, float] = {}
     errors: list[str] = []
 
@@ -259,14 +259,15 @@ def burst(
     cpu = {
         n: (group, s - cpu_before.get(n, (group, 0.0))[1]) for n, (group, s) in cpu_after.items()
     }
-    scraped_after = scrape(stack)
+    scraped_after = scrape(stack, cluster)
     counted_before, latency_before = counters(scraped_before), histograms(scraped_before)
-    requests = api_requests(cluster) - requests_before
+    requests = api_requests(scraped_after) - requests_before
     items = cluster.api.items(f"/api/v1/namespaces/{namespace}/pods")
     latencies = sorted(
         watcher.running_at[n] - created_at[n] for n in watcher.running_at if n in created_at
     )
     done = max(watcher.running_at.values(), default=start)
+    spread = node_spread(watcher.last, watcher.running_at, start=start)
     pending = [p for p in items if p.get("status", {}).get("phase") != "Running"]
     return {
         "label": label,
@@ -278,6 +279,7 @@ def burst(
         "p99_s": latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan"),
         "pending": len(pending),
         "pending_reasons": _reasons(pending),
+        "spread": spread,
         "create_errors": errors[:5],
         "create_error_count": len(errors),
         "double_booked": [] if label.startswith("plain") else double_booked(stack, items),
@@ -296,6 +298,8 @@ def burst(
     }
 
 
+API = "kube-apiserver"
+
 # where an HCS burst's time goes: (part, histogram) of seconds, from /metrics
 LATENCIES = (
     ("injector", "hcs_injector_admission_seconds", "admission"),
@@ -307,6 +311,15 @@ LATENCIES = (
     ("scheduler", "hcs_scheduler_bind_step_seconds{step=reserve}", "bind:reserve"),
     ("scheduler", "hcs_scheduler_bind_step_seconds{step=binding}", "bind:Binding"),
     ("scheduler", "hcs_scheduler_bind_step_seconds{step=mark}", "bind:mark"),
+    # the API server's side: a pod's create (admission included), the
+    # webhook call as the API server times it, and a Binding
+    (API, "apiserver_request_duration_seconds{verb=POST,resource=pods,subresource=}", "api:create"),
+    (API, "apiserver_admission_webhook_admission_duration_seconds{type=admit}", "api:webhook"),
+    (
+        API,
+        "apiserver_request_duration_seconds{verb=POST,resource=pods,subresource=binding}",
+        "api:Binding",
+    ),
 )
 
 
@@ -320,11 +333,12 @@ COUNTERS = (
 Samples = dict[str, list[Any]]  # part -> its /metrics samples
 
 
-def scrape(stack: Stack) -> Samples:
+def scrape(stack: Stack, cluster: Cluster) -> Samples:
     """The samples of every part ``LATENCIES`` and ``COUNTERS`` read, one
-    /metrics request per part (none for a part that serves none)."""
+    /metrics request per part (none for a part that serves none), and the
+    API server's."""
     out: Samples = {}
-    for part in {p for p, _n, _w in (*LATENCIES, *COUNTERS)}:
+    for part in {p for p, _n, _w in (*LATENCIES, *COUNTERS)} - {API}:
         port = stack.metrics_ports.get(part)
         if not port:
             continue
@@ -333,8 +347,16 @@ def scrape(stack: Stack) -> Samples:
                 text = resp.read().decode()
         except OSError:
             continue
-        out[part] = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        out[part] = _samples(text)
+    try:
+        out[API] = _samples(str(cluster.api.request("GET", "/metrics")))
+    except (ApiError, OSError):
+        pass
     return out
+
+
+def _samples(text: str) -> list[Any]:
+    return [s for f in text_string_to_metric_families(text) for s in f.samples]
 
 
 def counters(scraped: Samples) -> dict[str, float]:
@@ -379,23 +401,18 @@ def quantiles(
     return int(total), found
 
 
-def api_requests(cluster: Cluster) -> collections.Counter[str]:
+def api_requests(scraped: Samples) -> collections.Counter[str]:
     """The API server's requests so far, by verb, resource and subresource
     (``apiserver_request_total``; watches counted when they open)."""
     out: collections.Counter[str] = collections.Counter()
-    try:
-        text = cluster.api.request("GET", "/metrics")
-    except (ApiError, OSError):
-        return out
-    for family in text_string_to_metric_families(str(text)):
-        for sample in family.samples:
-            if sample.name != "apiserver_request_total":
-                continue
-            labels = sample.labels
-            what = labels.get("resource", "") + (
-                f"/{labels['subresource']}" if labels.get("subresource") else ""
-            )
-            out[f"{labels.get('verb', '')} {what}"] += int(sample.value)
+    for sample in scraped.get(API, []):
+        if sample.name != "apiserver_request_total":
+            continue
+        labels = sample.labels
+        what = labels.get("resource", "") + (
+            f"/{labels['subresource']}" if labels.get("subresource") else ""
+        )
+        out[f"{labels.get('verb', '')} {what}"] += int(sample.value)
     return out
 
 
@@ -408,6 +425,31 @@ def clear(cluster: Cluster, namespace: str) -> None:
         what=f"pods of {namespace} deleted",
         timeout_s=300,
     )
+
+
+def node_spread(
+    pods: dict[str, dict[str, Any]], running_at: dict[str, float], *, start: float
+) -> dict[str, Any]:
+    """How a burst's pods spread over the nodes, and when each node's last one
+    started: a kubelet starts its pods at the rate its API client allows
+    (kube-api-qps, 5 by default up to v1.26), so a burst ends when its
+    most-loaded node has started all of its pods."""
+    per_node: dict[str, list[float]] = collections.defaultdict(list)
+    for name, pod in pods.items():
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and name in running_at:
+            per_node[node].append(running_at[name] - start)
+    if not per_node:
+        return {"nodes": 0, "max": 0, "median": 0.0, "busiest": "", "busiest_done_s": 0.0}
+    busiest = max(per_node, key=lambda n: (len(per_node[n]), max(per_node[n])))
+    return {
+        "nodes": len(per_node),
+        "max": len(per_node[busiest]),
+        "median": statistics.median(len(v) for v in per_node.values()),
+        "busiest": busiest,
+        "busiest_done_s": max(per_node[busiest]),
+        "last_done_s": max(max(v) for v in per_node.values()),
+    }
 
 
 def _reasons(pending: list[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -582,6 +624,15 @@ def report(results: list[dict[str, Any]]) -> None:
             f"{r['p50_s']:>7.2f} {r['p99_s']:>7.2f} {r['pending']:>8} {len(r['double_booked']):>5} "
             f"{r['created_s']:>9.1f}"
         )
+    print("\npods per node (a kubelet starts its pods at its API client's rate):")
+    for r in results:
+        sp = r["spread"]
+        if sp["nodes"]:
+            print(
+                f"  {r['label']:<8} on {sp['nodes']} nodes, median {sp['median']:g} per node, "
+                f"most {sp['max']} ({sp['busiest']}, its last started at "
+                f"{sp['busiest_done_s']:.1f} s; the burst's last at {sp['last_done_s']:.1f} s)"
+            )
     plain, hcs = results[0], results[1]
     ratio = hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else float("nan")
     print(f"\nratio {hcs['label']}/plain pods/s: {ratio:.2f} (target >= 0.8)")
@@ -597,7 +648,7 @@ def report(results: list[dict[str, Any]]) -> None:
     for r in results:
         if r["room"] is not None:
             report_room(r["label"], r["room"])
-    print("\nHCS latencies during each burst (bucket bounds from /metrics):")
+    print("\nLatencies during each burst (bucket bounds from /metrics; api: the API server's):")
     for r in results:
         shown = []
         for _part, name, what in LATENCIES:

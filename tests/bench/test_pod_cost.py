@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.burst import report_pod_cost, report_rounds
+from bench.burst import API, api_requests, node_spread, report_pod_cost, report_rounds
 
 
 def _burst(label: str, *, wall_s: float, running: int, **cpu_s: float) -> dict:
@@ -65,3 +65,38 @@ def test_one_round_prints_no_rounds_table(capsys: pytest.CaptureFixture[str]) ->
     plain["pods_per_s"], hcs["pods_per_s"] = 40.0, 20.0
     report_rounds([plain, hcs], {})
     assert capsys.readouterr().out == ""
+
+
+def _pod(node: str | None) -> dict:
+    return {"spec": {"nodeName": node} if node else {}}
+
+
+def test_the_spread_names_the_busiest_node_and_when_its_last_pod_started() -> None:
+    pods = {"a": _pod("n1"), "b": _pod("n1"), "c": _pod("n1"), "d": _pod("n2"), "e": _pod(None)}
+    pods["f"] = _pod("n3")  # bound, never started: not counted
+    started = 100.0
+    running_at = {"a": 101.0, "b": 104.0, "c": 102.5, "d": 107.0, "e": 103.0}
+    spread = node_spread(pods, running_at, start=started)
+    assert (spread["nodes"], spread["max"], spread["busiest"]) == (2, 3, "n1")
+    assert spread["median"] == 2  # of 3 and 1
+    assert spread["busiest_done_s"] == 4.0 and spread["last_done_s"] == 7.0
+    assert node_spread({}, {}, start=started)["nodes"] == 0
+
+
+def test_api_requests_are_counted_by_verb_and_resource_from_the_api_servers_samples() -> None:
+    from prometheus_client.samples import Sample
+
+    def total(verb: str, resource: str, subresource: str, value: float) -> Sample:
+        labels = {"verb": verb, "resource": resource, "subresource": subresource}
+        return Sample("apiserver_request_total", labels, value)
+
+    scraped = {
+        API: [
+            total("POST", "pods", "", 3),
+            total("POST", "pods", "binding", 2),
+            total("POST", "pods", "", 1),  # another code, the same request
+            Sample("apiserver_request_duration_seconds_count", {"verb": "POST"}, 9),
+        ]
+    }
+    assert api_requests(scraped) == {"POST pods": 4, "POST pods/binding": 2}
+    assert api_requests({}) == {}
