@@ -58,6 +58,7 @@ class DemandCache:
         self.budget = budget if budget is not None else Budget(limit=MAX_ENTRIES)
         self.entries: dict[str, Entry] = {}
         self.ok: set[str] = set()
+        self.kept_scores: dict[str, int] = {}  # of the kept entries that fit
         self.fragments: dict[str, bytes] = {}
         self.retired = False  # evicted: answers are still given, never kept
         self._unknown = Entry(placing.check_node(None, demand), None)
@@ -65,13 +66,14 @@ class DemandCache:
     def drop(self, name: str) -> None:
         if self.entries.pop(name, None) is not None:
             self.ok.discard(name)
+            self.kept_scores.pop(name, None)
             self.fragments.pop(name, None)
             self.budget.used -= 1
 
     def retire(self) -> None:
         self.retired = True
         self.budget.used -= len(self.entries)
-        self.entries, self.ok, self.fragments = {}, set(), {}
+        self.entries, self.ok, self.kept_scores, self.fragments = {}, set(), {}, {}
 
     def entry(self, name: str) -> Entry:
         found = self.entries.get(name)
@@ -91,16 +93,15 @@ class DemandCache:
             self.budget.used += 1
             if parts is not None:
                 self.ok.add(name)
+                self.kept_scores[name] = score
             self.fragments[name] = _fragment(name, score)
         return found
 
     def filter(self, names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
         """The names that fit, and the reasons of those that do not (preemption
         may help the first dict, never the second)."""
-        ok = self.ok
-        passed = [n for n in names if n in ok]
-        if len(passed) == len(names):  # the common answer: one pass
-            return passed, {}, {}
+        if self.ok.issuperset(names):  # the common answer: one pass, in C
+            return list(names), {}, {}
         passed, failed, unresolvable = [], {}, {}
         for name in names:
             found = self.entry(name)
@@ -112,9 +113,24 @@ class DemandCache:
                 failed[name] = found.fit.reason
         return passed, failed, unresolvable
 
+    def best(self, names: list[str]) -> str:
+        """The first of ``names`` (nodes that fit) with the highest score when
+        topology and affinity do not matter: one ``max`` over the kept scores
+        (it keeps the first of a tie). ``filter`` passes only nodes whose fit
+        is kept, so the scores are there unless the budget is spent."""
+        try:
+            return max(names, key=self.kept_scores.__getitem__)
+        except KeyError:  # an entry not kept: scored one by one
+            found = [self.entry(n).score for n in names]
+            return names[found.index(max(found))]
+
     def plain_fragments(self, names: list[str]) -> list[bytes]:
         """The HostPriority JSON of each name when topology and affinity do not matter."""
         fragments = self.fragments
+        try:  # the common answer: every name kept, looked up in C
+            return list(map(fragments.__getitem__, names))
+        except KeyError:
+            pass
         out = []
         for name in names:
             found = fragments.get(name)

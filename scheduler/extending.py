@@ -175,9 +175,10 @@ class Extender:
         alone, kube-scheduler takes it without scoring (a single feasible node)
         and never calls prioritize; the other fitting nodes are left out, not
         failed, so no reason is invented for them."""
+        if cache.demand.devices == 1 and self.cache.job_groups(pod) is None:
+            return cache.best(passed)
         scores = await self._scores(pod, cache, passed)
-        best = max(range(len(passed)), key=lambda i: (scores[i], -i))
-        return passed[best]
+        return passed[scores.index(max(scores))]
 
     async def _scores(
         self, pod: PodInfo, cache: caching.DemandCache, names: list[str]

@@ -249,3 +249,29 @@ def test_every_answer_we_write_still_decodes_strictly() -> None:
     assert strict.decode(wire.ENCODER.encode(answer)) == answer
     with pytest.raises(msgspec.ValidationError):
         strict.decode(b'{"NodeNames": [], "Surprise": 1}')
+
+
+@pytest.mark.parametrize("max_entries", [100_000, 2])
+def test_the_best_node_is_the_first_of_the_highest_scores_whether_or_not_entries_are_kept(
+    max_entries: int,
+) -> None:
+    from hcs_bus.messages import NodeReservations
+    from tests.view.factories import reservation
+
+    state = state_of(*(node_fp(f"n{i}") for i in range(6)))
+    for node, used in (("n2", 2), ("n4", 5)):  # bin-packing prefers the fuller node
+        held = tuple(reservation("ml", f"{node}-{i}", [(i, 81920, True)]) for i in range(used))
+        state.apply_reservations(node, NodeReservations(node=node, reservations=held))
+    cache = NodeCache(state, weights=_weights(), max_entries=max_entries).of(_demand(8192))
+    names = [f"n{i}" for i in range(6)]
+    scores = {n: cache.entry(n).score for n in names}
+    assert scores["n4"] > scores["n2"] > scores["n0"] == scores["n1"] == scores["n3"]
+    assert cache.best(names) == "n4"
+    assert cache.best(["n0", "n2", "n3"]) == "n2"
+    assert cache.best(["n3", "n1", "n0"]) == "n3"  # a tie: the first in kube-scheduler's order
+    # prioritize's answer: every name's score, kept or not, an unknown one 0
+    listed = json.loads(cache.plain_scores([*names, "ghost"]))
+    assert listed == [{"Host": n, "Score": scores[n]} for n in names] + [
+        {"Host": "ghost", "Score": 0}
+    ]
+    assert json.loads(cache.plain_scores(names)) == listed[:-1]
