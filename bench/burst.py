@@ -440,7 +440,14 @@ def node_spread(
         if node and name in running_at:
             per_node[node].append(running_at[name] - start)
     if not per_node:
-        return {"nodes": 0, "max": 0, "median": 0.0, "busiest": "", "busiest_done_s": 0.0}
+        return {
+            "nodes": 0,
+            "max": 0,
+            "median": 0.0,
+            "busiest": "",
+            "busiest_done_s": 0.0,
+            "last_done_s": 0.0,
+        }
     busiest = max(per_node, key=lambda n: (len(per_node[n]), max(per_node[n])))
     return {
         "nodes": len(per_node),
@@ -634,8 +641,7 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"{sp['busiest_done_s']:.1f} s; the burst's last at {sp['last_done_s']:.1f} s)"
             )
     plain, hcs = results[0], results[1]
-    ratio = hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else float("nan")
-    print(f"\nratio {hcs['label']}/plain pods/s: {ratio:.2f} (target >= 0.8)")
+    print(f"\nratio {hcs['label']}/plain pods/s: {pods_ratio(plain, hcs):.2f} (target >= 0.8)")
     for r in results:
         for count, why in r["pending_reasons"]:
             print(f"  {r['label']} pending x{count}: {why}")
@@ -696,7 +702,8 @@ def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> No
     total_a, total_b = sum(a.values()), sum(b.values())
     print(f"  {'all':<26}{total_a:>9.1f}{total_b:>9.1f}{total_b - total_a:>+9.1f}")
     if total_b:
-        print(f"  ratio of the two (what CPU alone predicts for pods/s): {total_a / total_b:.2f}")
+        by_cpu = cpu_ratio(plain, hcs, rest)
+        print(f"  ratio of the two (what CPU alone predicts for pods/s): {by_cpu:.2f}")
     held = [r for r in results if "held" in r]
     if held:
         print("  CPU cores with each burst's pods running, after it (none running: at rest):")
@@ -719,6 +726,17 @@ def cost_per_pod(r: dict[str, Any], rest: dict[str, float]) -> dict[str, float]:
     }
 
 
+def pods_ratio(plain: dict[str, Any], hcs: dict[str, Any]) -> float:
+    """HCS pods/s over plain pods/s: the benchmark's ratio."""
+    return hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else math.nan
+
+
+def cpu_ratio(plain: dict[str, Any], hcs: dict[str, Any], rest: dict[str, float]) -> float:
+    """The ratio CPU per pod predicts with the machine saturated: plain's over HCS's."""
+    cpu_hcs = sum(cost_per_pod(hcs, rest).values())
+    return sum(cost_per_pod(plain, rest).values()) / cpu_hcs if cpu_hcs else math.nan
+
+
 def report_rounds(results: list[dict[str, Any]], rest: dict[str, float]) -> None:
     """With ``--rounds``: each (plain, HCS) pair's ratio, measured and as CPU
     per pod predicts it, and their median. The machine's speed drifts
@@ -730,9 +748,7 @@ def report_rounds(results: list[dict[str, Any]], rest: dict[str, float]) -> None
     print(f"  {'round':<6}{'plain/s':>9}{'hcs/s':>9}{'ratio':>8}{'by CPU':>8}")
     measured, predicted = [], []
     for i, (plain, hcs) in enumerate(pairs, 1):
-        ratio = hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else math.nan
-        cpu_hcs = sum(cost_per_pod(hcs, rest).values())
-        by_cpu = sum(cost_per_pod(plain, rest).values()) / cpu_hcs if cpu_hcs else math.nan
+        ratio, by_cpu = pods_ratio(plain, hcs), cpu_ratio(plain, hcs, rest)
         measured.append(ratio)
         predicted.append(by_cpu)
         print(
