@@ -138,6 +138,8 @@ async def run(
         weights=placing.Weights.from_settings(cfg),
         pick_in_filter=cfg.pick_in_filter,
     )
+    if kube is not None:  # no bind before every pod bound by HCS holds its devices
+        view.before_ready.append(lambda: watching.first_reconcile(kube, booker))
     await view.start()
     service = PlanService(bus, planner=planner, booker=booker)
     await service.start()

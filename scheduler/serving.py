@@ -56,12 +56,17 @@ class Planner:
         self._dirty = True
 
     def summary(self) -> planning.Summary:
+        """The cluster summary plans are made on: rebuilt on a change at most
+        every ``max_age_s``, except while the one held has no class at all (a
+        replica that just started, its fleet's first fingerprints arriving):
+        every pod would be refused on it."""
         now = asyncio.get_running_loop().time()
-        if self._summary is None or (self._dirty and now - self._at >= self.max_age_s):
+        held = self._summary
+        if held is None or (self._dirty and (now - self._at >= self.max_age_s or not held.classes)):
             self._dirty = False
-            self._summary = planning.summarise(self.state.nodes.values())
+            self._summary = held = planning.summarise(self.state.nodes.values())
             self._at = now
-        return self._summary
+        return held
 
     async def plan(self, request: PlanRequest) -> Plan:
         """A plan with every outstanding pledge counted; records nothing."""

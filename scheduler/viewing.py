@@ -10,7 +10,9 @@ marks nodes stale when their fingerprints stop.
 With a cluster, the Node watch (``watching.watch_nodes``) feeds Node labels
 through ``apply_node``; ``nodes_synced`` (set by the runner) then also
 gates ``ready``, for at most ``SYNC_WAIT_S``, so a fresh replica does not bind
-on fingerprint labels the Nodes contradict.
+on fingerprint labels the Nodes contradict. The steps in ``before_ready``
+run after that and gate it too (the runner's first reconcile: a replica
+takes no bind before the ledger holds every pod bound by HCS).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -66,6 +68,9 @@ class ClusterView:
         self._fp: Follower[NodeFingerprint] | None = None
         self._health: Follower[HealthEvent] | None = None
         self.nodes_synced: asyncio.Event | None = None  # set: wait for the Node list
+        # run in order once the replay is done, before ``ready`` (the runner's
+        # first reconcile of the ledger against the pods)
+        self.before_ready: list[Callable[[], Awaitable[None]]] = []
         _views.add(self)
 
     async def start(self) -> None:
@@ -182,6 +187,8 @@ class ClusterView:
                     await self.nodes_synced.wait()
             except TimeoutError:
                 _log.warning("nodes_not_listed", waited_s=SYNC_WAIT_S, labels="from fingerprints")
+        for step in self.before_ready:
+            await step()
         self.ready.set()
         took = asyncio.get_running_loop().time() - started
         _log.info("view_ready", nodes=len(self.state.nodes), replay_s=round(took, 3))

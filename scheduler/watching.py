@@ -265,13 +265,32 @@ async def _restore(kube: Kube, booker: Booker, claim: ledger.Claim) -> int:
     return 0
 
 
+async def first_reconcile(kube: Kube, booker: Booker, *, retry_s: float = 1.0) -> None:
+    """The reconcile a replica runs before it takes binds (a step of the
+    view's ``before_ready``), tried until it succeeds: a pod bound by HCS whose
+    reservation the ledger lost (a crash, a KV restored from an old snapshot,
+    an older version's expiry) holds its devices again before a bind could
+    hand them out a second time. Without the API server no bind can be
+    posted either, so the replica stays unready meanwhile."""
+    while True:
+        try:
+            changed = await reconcile(kube, booker)
+        except HcsError as exc:
+            _log.warning("reconcile_failed", error=str(exc), before="ready")
+            await asyncio.sleep(retry_s)
+            continue
+        _log.info("ledger_reconciled", changed=changed, before="ready")
+        return
+
+
 async def reconcile_loop(
     kube: Kube, booker: Booker, *, ready: asyncio.Event, period_s: float = RECONCILE_S
 ) -> None:
+    """Reconcile every ``period_s`` once ready (the first pass came before it)."""
     await ready.wait()
     while True:
+        await asyncio.sleep(period_s)
         try:
             await reconcile(kube, booker)
         except HcsError as exc:
             _log.warning("reconcile_failed", error=str(exc))
-        await asyncio.sleep(period_s)

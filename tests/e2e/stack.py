@@ -201,6 +201,28 @@ class Stack:
             held += sum(int(r["pods"]) for r in rows if r["namespace"] == namespace)
         return held
 
+    def views_missing(self, names: Iterable[str]) -> dict[str, list[str]]:
+        """Per running scheduler replica, the nodes of ``names`` its view cannot
+        plan on yet (unknown, no devices, stale, or blocked), from its console's
+        ``/api/nodes``; empty when every replica that answers can use them all.
+        Right after a start the agents' first fingerprints may not be in."""
+        wanted, out = set(names), {}
+        for replica, port in self.extender_ports.items():
+            url = f"http://127.0.0.1:{port}/api/nodes?limit={max(len(wanted), 1) + 100}"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    rows = json.load(resp)["nodes"]
+            except OSError:
+                continue
+            usable = {
+                r["name"]
+                for r in rows
+                if r["devices"] and not r["blocked"] and r["state"] not in ("stale", "lost")
+            }
+            if missing := sorted(wanted - usable):
+                out[replica] = missing
+        return out
+
     def start_part(self, name: str, argv: list[str], **extra_env: str) -> Process:
         process = Process(
             name,

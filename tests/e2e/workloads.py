@@ -158,7 +158,7 @@ def fleet_labelled(work: Workloads, fleet: Path, *, timeout_s: float = 60) -> di
         node = work.node(name)
         return f"allocatable {node['status'].get('allocatable')}; takes no pods: {node_block(node)}"
 
-    return {
+    nodes = {
         name: wait_for(
             lambda name=name: labelled(name),
             what=f"HCS labels, ai.compute capacity in allocatable and new pods taken on {name}",
@@ -167,3 +167,13 @@ def fleet_labelled(work: Workloads, fleet: Path, *, timeout_s: float = 60) -> di
         )
         for name in names
     }
+    # the scheduler plans on its view, not on the Nodes: on a stack just started
+    # its view may not hold the agents' first fingerprints yet (a 403 "the
+    # cluster view holds no devices" for the first pod, else)
+    wait_for(
+        lambda: not work.stack.views_missing(names),
+        what="every scheduler replica's view holding the fleet's nodes",
+        timeout_s=timeout_s,
+        explain=lambda: f"missing from the views: {work.stack.views_missing(names)}",
+    )
+    return nodes

@@ -179,6 +179,15 @@ class FakeKube:
         self.quotas: dict[str, list[dict[str, Any]]] = {}
         self.pod_selectors: list[str | None] = []  # each pod watch's field selector
 
+    def add_pod(self, namespace: str, name: str, *, node: str, uid: str) -> dict[str, Any]:
+        """A pod bound to ``node`` and running."""
+        found = self.pods[(namespace, name)] = {
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "spec": {"nodeName": node, "schedulerName": "hcs-scheduler"},
+            "status": {"phase": "Running"},
+        }
+        return found
+
     async def bind_pod(
         self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
     ) -> dict[str, Any]:

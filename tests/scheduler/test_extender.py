@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -26,12 +27,21 @@ from tests.view.factories import reservation
 NAMES = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
 
 
+HELD = tuple(reservation("batch", f"low-{i}", [(i, 81920, True)]) for i in range(7))
+
+
 async def _fleet(bus: Bus) -> None:
     await publish_fleet(bus, *(node_fp(n, labels={"hcs.io/rdma-fabric": "f1"}) for n in NAMES))
     kv = await bus.js.key_value(streams.KV_ALLOC)
-    held = tuple(reservation("batch", f"low-{i}", [(i, 81920, True)]) for i in range(7))
-    doc = NodeReservations(node="gpu-node-b", reservations=held)
+    doc = NodeReservations(node="gpu-node-b", reservations=HELD)
     await kv.put(subjects.alloc_key("gpu-node-b"), messages.encode(doc))
+
+
+def _held_pods(add: Callable[..., Any]) -> None:
+    """Give the cluster the pods of the fleet's reservations, bound on
+    gpu-node-b: a replica's first reconcile frees a reservation whose pod is gone."""
+    for r in HELD:
+        add(r.pod.namespace, r.pod.name, node="gpu-node-b", uid=r.pod.uid)
 
 
 async def _post(port: int, verb: str, body: Any) -> tuple[int, Any]:
@@ -53,8 +63,12 @@ def _args(doc: str, **pod_kw: Any) -> dict[str, Any]:
     return args
 
 
-async def _ready(bus: Bus, start: Start, kube: Any = None) -> Any:
+async def _ready(bus: Bus, start: Start, kube: Any = None, apiserver: Any = None) -> Any:
     await _fleet(bus)
+    if isinstance(kube, FakeKube):
+        _held_pods(kube.add_pod)
+    elif apiserver is not None:
+        _held_pods(apiserver.add_pod)
     sched = await start(bus, kube)
     await until(
         lambda: (
@@ -204,7 +218,7 @@ async def test_bind_never_resumes_from_a_checkpoint_whose_body_names_another_nam
 async def test_bind_through_the_api_server_sets_the_annotations_on_the_pod(
     bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
 ) -> None:
-    sched = await _ready(bus, start_scheduler, kube)
+    sched = await _ready(bus, start_scheduler, kube, apiserver)
     apiserver.add_pod(
         "ml-team",
         "trainer",
@@ -308,7 +322,7 @@ async def test_a_pod_no_node_could_ever_hold_is_unresolvable_on_every_node_not_a
     bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
 ) -> None:
     apiserver.add_quota("tiny", "gpu", {"hard": {"ai.compute/vram": "1Gi"}})
-    sched = await _ready(bus, start_scheduler, kube)
+    sched = await _ready(bus, start_scheduler, kube, apiserver)
     nine = {**A100_TWO, "devices": 9}
     absent = {**A100_TWO, "model": "B300"}
     cases = [

@@ -24,7 +24,7 @@ from scheduler import booking, ledger, watching
 from scheduler.booking import Booker
 from scheduler.pods import PlanAnnotation, pod_info_from_dict
 from tests.scheduler.conftest import Start
-from tests.scheduler.helpers import A100_SLICE, A100_TWO, node_fp, pod, publish_fleet, until
+from tests.scheduler.helpers import A100_SLICE, A100_TWO, node_fp, pod, publish_fleet
 from tests.scheduler.helpers import state_of as fleet_state
 
 Logs = list[MutableMapping[str, Any]]
@@ -375,15 +375,15 @@ def _overcommits(node: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-async def test_reconcile_rebuilds_the_reservation_of_a_bound_pod_from_its_annotations(
+async def test_a_replica_is_ready_only_once_the_reservation_of_a_bound_pod_is_rebuilt(
     bus: Bus, start_scheduler: Start, apiserver: Any, kube: Any
 ) -> None:
     await publish_fleet(bus, node_fp("gpu-1"))
     apiserver.add_pod("ml", "trainer", node="gpu-1", annotations=WHOLE_TWO)
     sub = await bus.nc.subscribe(subjects.alloc("gpu-1"))
-    sched = await start_scheduler(bus, kube)  # the reconcile runs once the view is ready
-    await until(lambda: sched.view.state.find_pod("ml/trainer") is not None)
-    doc = (await sched.booker.read("gpu-1")).doc
+    apiserver.fail("list", "pods", code=503, times=2)  # the first reconcile is tried again
+    sched = await start_scheduler(bus, kube)  # returns once ready: the reconcile came first
+    doc = (await sched.booker.read("gpu-1")).doc  # before a bind could hand the devices out
     assert doc is not None
     [held] = doc.reservations
     uid = apiserver.pods[("ml", "trainer")]["metadata"]["uid"]
