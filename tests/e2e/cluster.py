@@ -14,6 +14,7 @@ when something is absent. Facts this relies on are in ``../shared/kube/README.md
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ CONTROLLERS = (
     "*,-nodeipam,-cloud-node-lifecycle,-service,-route,-attachdetach,-persistentvolume-binder"
 )
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# the root folder a hollow kubelet makes for itself, as its log names it
+HOLLOW_ROOT = re.compile(r"/tmp/hollow-kubelet\.\d+")
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,13 @@ class Cluster:
     def dead(self) -> list[str]:
         return [p.name for p in self.processes if not p.alive]
 
+    def why(self) -> str:
+        """Each dead process, its exit status and last log lines (for failure messages)."""
+        return "\n".join(str(p.failure("stopped")) for p in self.processes if not p.alive)
+
     def stop(self) -> None:
         stop_all(list(reversed(self.processes)))
         shutil.rmtree(self._etcd_dir, ignore_errors=True)
+        for node in self.nodes.values():  # kubemark's hollow kubelet ignores TMPDIR
+            for folder in set(HOLLOW_ROOT.findall(node.log.read_text(errors="replace"))):
+                shutil.rmtree(folder, ignore_errors=True)

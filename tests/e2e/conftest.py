@@ -114,4 +114,4 @@ def _parts_alive(request: pytest.FixtureRequest) -> Iterator[None]:
     if "stack" in request.fixturenames:
         s: Stack = request.getfixturevalue("stack")
         dead = [p.name for p in s.parts.values() if not p.alive] + s.cluster.dead()
-        assert not dead, f"components died during the test: {dead}\n{s.why()}"
+        assert not dead, f"components died during the test: {dead}\n{s.why()}\n{s.cluster.why()}"
