@@ -95,7 +95,10 @@ class Process:
             self.popen.wait(timeout=10)
 
     def kill(self) -> None:
-        """``kill -9`` the whole process group (crash tests)."""
+        """``kill -9`` the whole process group (crash tests). Not once reaped:
+        its id, and so its group's, may then be another process's."""
+        if self.popen.poll() is not None:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
