@@ -26,7 +26,7 @@ import yaml
 from hcs_bus.natsserver import free_port
 from tests.e2e.api import Api, ApiError, wait_for
 from tests.e2e.pki import Identity, Pki
-from tests.e2e.processes import Process, stop_all
+from tests.e2e.processes import Process, stop_all, why_dead
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -338,7 +338,7 @@ class Cluster:
 
     def why(self) -> str:
         """Each dead process, its exit status and last log lines (for failure messages)."""
-        return "\n".join(str(p.failure("stopped")) for p in self.processes if not p.alive)
+        return why_dead(self.processes)
 
     def stop(self) -> None:
         stop_all(list(reversed(self.processes)))

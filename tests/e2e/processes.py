@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -102,6 +102,12 @@ class Process:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
+
+
+def why_dead(processes: Iterable[Process]) -> str:
+    """Each process that is not running, its exit status and last log lines
+    (for failure messages); "" when all run."""
+    return "\n".join(str(p.failure("stopped")) for p in processes if not p.alive)
 
 
 def stop_all(processes: list[Process]) -> None:

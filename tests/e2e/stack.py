@@ -17,7 +17,7 @@ import copy
 import json
 import sys
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from injector.certs import make_dev_certs
 from tests.e2e.api import wait_for
 from tests.e2e.cluster import ROOT, Cluster
 from tests.e2e.front import Front
-from tests.e2e.processes import Process
+from tests.e2e.processes import Process, why_dead
 
 T = TypeVar("T")
 DEPLOY = ROOT / "deploy"
@@ -186,20 +186,25 @@ class Stack:
         env.update(extra)
         return env
 
-    def pods_held(self, namespace: str) -> int:
-        """Pods of ``namespace`` that a running scheduler replica's view still
-        holds a reservation for (its console's ``/api/overview``); a replica
-        that does not answer (stopped by a test) holds none."""
-        held = 0
-        for port in self.extender_ports.values():
-            url = f"http://127.0.0.1:{port}/api/overview"
+    def _consoles(self, path: str) -> Iterator[tuple[str, Any]]:
+        """(replica, its console's JSON answer at ``path``) of each scheduler
+        replica that answers; one stopped by a test is left out."""
+        for replica, port in self.extender_ports.items():
             try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    rows = json.load(resp).get("namespaces", [])
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                    yield replica, json.load(resp)
             except OSError:
                 continue
-            held += sum(int(r["pods"]) for r in rows if r["namespace"] == namespace)
-        return held
+
+    def pods_held(self, namespace: str) -> int:
+        """Pods of ``namespace`` that a running scheduler replica's view still
+        holds a reservation for (its console's ``/api/overview``)."""
+        return sum(
+            int(r["pods"])
+            for _replica, overview in self._consoles("/api/overview")
+            for r in overview.get("namespaces", [])
+            if r["namespace"] == namespace
+        )
 
     def views_missing(self, names: Iterable[str]) -> dict[str, list[str]]:
         """Per running scheduler replica, the nodes of ``names`` its view cannot
@@ -207,16 +212,10 @@ class Stack:
         ``/api/nodes``; empty when every replica that answers can use them all.
         Right after a start the agents' first fingerprints may not be in."""
         wanted, out = set(names), {}
-        for replica, port in self.extender_ports.items():
-            url = f"http://127.0.0.1:{port}/api/nodes?limit={max(len(wanted), 1) + 100}"
-            try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    rows = json.load(resp)["nodes"]
-            except OSError:
-                continue
+        for replica, page in self._consoles(f"/api/nodes?limit={len(wanted) + 100}"):
             usable = {
                 r["name"]
-                for r in rows
+                for r in page["nodes"]
                 if r["devices"] and not r["blocked"] and r["state"] not in ("stale", "lost")
             }
             if missing := sorted(wanted - usable):
@@ -297,8 +296,7 @@ class Stack:
 
     def why(self) -> str:
         """Which part died, with its last log lines (for failure messages)."""
-        dead = [p for p in self.parts.values() if not p.alive]
-        return "\n".join(str(p.failure("stopped")) for p in dead) or "all HCS parts alive"
+        return why_dead(self.parts.values()) or "all HCS parts alive"
 
     def stop(self) -> None:
         from tests.e2e.processes import stop_all

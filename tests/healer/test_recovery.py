@@ -135,24 +135,20 @@ async def fail_again_before_the_handover(bus: Bus, leader: Healer, devices: dict
     """Fail each node's device again and wait until the leader judged and acked
     every event: the next leader neither gets them redelivered nor finds a
     taint whose window ran out under the old leader."""
-    seen = {
-        node: len(leader._history(node, history_index(device=d, kind="xid")).events)
-        for node, d in devices.items()
-    }
+
+    def events() -> dict[str, int]:  # events the leader judged, per node
+        xid = {n: history_index(device=d, kind="xid") for n, d in devices.items()}
+        return {n: len(leader._history(n, i).events) for n, i in xid.items()}
+
+    seen = events()
     for node, device in devices.items():
         await fail(bus, node, device=device)
-
-    async def settled() -> bool:
-        info = await bus.js.consumer_info(HEALTH, f"{leader.durable}-health")
-        return not (info.num_pending or info.num_ack_pending)
-
-    judged = lambda: all(  # noqa: E731
-        len(leader._history(node, history_index(device=d, kind="xid")).events) > seen[node]
-        for node, d in devices.items()
-    )
-    await wait_until(judged, timeout_s=5)
+    await wait_until(lambda: all(n > seen[node] for node, n in events().items()), timeout_s=5)
     deadline = time.monotonic() + 5
-    while not await settled():
+    while True:  # acked too
+        info = await bus.js.consumer_info(HEALTH, f"{leader.durable}-health")
+        if not (info.num_pending or info.num_ack_pending):
+            return
         assert time.monotonic() < deadline, "the leader did not ack the events in 5 s"
         await asyncio.sleep(0.02)
 
