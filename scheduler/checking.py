@@ -23,12 +23,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
-from nats.errors import Error as NatsError
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from hcs_bus import messages, streams, subjects
+from hcs_bus import kvkeys, messages, streams, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import BadMessage, BusUnavailable
+from hcs_bus.errors import BadMessage
 from hcs_bus.messages import DeviceFingerprint, NodeFingerprint, NodeReservations
 from hcs_bus.settings import SchedulerSettings
 from scheduler import ledger, pledgecheck, pledges
@@ -46,14 +45,9 @@ LIMITS = pledgecheck.Limits(ttl_s=SchedulerSettings().pledge_ttl_s)
 async def _entries(bus: Bus, wanted: Callable[[str], bool]) -> list[tuple[str, bytes]]:
     """(key, value) of the ``wanted`` keys of KV ``hcs_alloc`` that hold one."""
     kv = await bus.js.key_value(streams.KV_ALLOC)
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return []
-    except NatsError as exc:
-        raise BusUnavailable(f"hcs: cannot list {streams.KV_ALLOC}: {exc!r}") from exc
+    keys = await kvkeys.stored_keys(bus, streams.KV_ALLOC)  # not kv.keys(): it can stop early
     out: list[tuple[str, bytes]] = []
-    for key in keys:
+    for key in sorted(keys):
         if not wanted(key):
             continue
         try:

@@ -3,8 +3,9 @@
 At start each replica replays, for itself (ephemeral consumers, DESIGN §1):
 the latest fingerprint of every node (``HCS_FP``, last per subject), recent
 health events (``HCS_HEALTH`` from ``now − health_replay_s``), and every
-node's reservations (KV ``hcs_alloc`` watch). The same consumers then carry
-on live. ``ready`` is set only when all three have caught up; a watchdog
+node's reservations (KV ``hcs_alloc`` watch, done once it has brought every
+key the bucket held when it began: ``hcs_bus.kvkeys``). The same consumers
+then carry on live. ``ready`` is set only when all three have caught up; a watchdog
 marks nodes stale when their fingerprints stop.
 
 With a cluster, the Node watch (``watching.watch_nodes``) feeds Node labels
@@ -28,8 +29,9 @@ import msgspec
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KeyValue
 
-from hcs_bus import messages, streams, subjects, tasks
+from hcs_bus import kvkeys, messages, streams, subjects, tasks
 from hcs_bus.bus import Bus, Delivery, Follower
+from hcs_bus.errors import BusUnavailable
 from hcs_bus.messages import HealthEvent, NodeFingerprint, NodeReservations
 from hcs_bus.settings import SchedulerSettings
 from hcs_bus.telemetry import logger, observe_counter
@@ -37,7 +39,7 @@ from scheduler.state import ClusterState
 
 _log = logger("hcs.scheduler.view")
 _views: weakref.WeakSet[ClusterView] = weakref.WeakSet()
-SYNC_WAIT_S = 5.0  # longest wait for the reservations' and the Nodes' first list
+SYNC_WAIT_S = 5.0  # longest wait for the Nodes' first list; the reservations' is logged
 
 
 class ClusterView:
@@ -65,6 +67,7 @@ class ClusterView:
         self.key_listeners: list[Callable[[str, bytes | None, int], None]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._kv_ready = asyncio.Event()
+        self._replay = kvkeys.Replay(())  # the keys the first watch must bring
         self._fp: Follower[NodeFingerprint] | None = None
         self._health: Follower[HealthEvent] | None = None
         self.nodes_synced: asyncio.Event | None = None  # set: wait for the Node list
@@ -133,6 +136,10 @@ class ClusterView:
         return True
 
     async def _watch_reservations(self, kv: KeyValue) -> None:
+        if not self._kv_ready.is_set():  # the keys first: a watch may say "done" early
+            self._replay = kvkeys.Replay(await kvkeys.stored_keys(self.bus, streams.KV_ALLOC))
+            if self._replay.done:
+                self._kv_ready.set()
         watcher = await kv.watchall()
         try:
             await self._follow(watcher)
@@ -143,9 +150,10 @@ class ClusterView:
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
         decode = messages.decoder_for(NodeReservations).decode
         async for entry in watcher:
-            if entry is None:
-                self._kv_ready.set()
+            if entry is None:  # nats-py's end of the replay, which can come early
                 continue
+            if self._replay.saw(entry.key):
+                self._kv_ready.set()
             if "=" in entry.key:
                 gone = entry.operation in ("DEL", "PURGE")
                 for listener in self.key_listeners:
@@ -178,9 +186,7 @@ class ClusterView:
         assert self._fp is not None and self._health is not None
         await self._fp.caught_up.wait()
         await self._health.caught_up.wait()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(SYNC_WAIT_S):
-                await self._kv_ready.wait()
+        await self._reservations_replayed()
         if self.nodes_synced is not None:
             try:
                 async with asyncio.timeout(SYNC_WAIT_S):
@@ -192,6 +198,26 @@ class ClusterView:
         self.ready.set()
         took = asyncio.get_running_loop().time() - started
         _log.info("view_ready", nodes=len(self.state.nodes), replay_s=round(took, 3))
+
+    async def _reservations_replayed(self) -> None:
+        """Wait until the watch has brought every key stored when it began;
+        every ``SYNC_WAIT_S`` the keys purged since are let go (nothing of
+        theirs is left to bring) and the wait is logged."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SYNC_WAIT_S):
+                    await self._kv_ready.wait()
+            if self._kv_ready.is_set():
+                return
+            try:
+                stored = await kvkeys.stored_keys(self.bus, streams.KV_ALLOC)
+            except BusUnavailable as exc:
+                _log.warning("reservations_replaying", error=str(exc))
+                continue
+            if self._replay.keep_only(stored):
+                self._kv_ready.set()
+            else:
+                _log.warning("reservations_replaying", waiting=len(self._replay.waiting))
 
     def _changed(self, node: str) -> None:
         if self.listeners:

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from nats.js.api import DeliverPolicy
 
-from hcs_bus import checkpoint, permissions, streams, subjects
+from hcs_bus import checkpoint, kvkeys, permissions, streams, subjects
 from hcs_bus.bus import Bus, Consumer, Delivery, Follower
 from hcs_bus.errors import BusTimeout
 from hcs_bus.messages import (
@@ -199,6 +199,7 @@ async def test_the_scheduler_books_in_kv_replays_streams_and_publishes_allocatio
     await kv.update(key, b'{"a":1}', last=revision)
     assert (await kv.get(key)).value == b'{"a":1}'
     await watcher.stop()
+    assert key in await kvkeys.stored_keys(scheduler, streams.KV_ALLOC)  # the view's first look
     fps = await replay_following(scheduler, stream=streams.FP, subject=subjects.FP_ALL)
     event = AllocationEvent(
         node=NODE, pod=PodRef(namespace="ml", name="p"), state="bound", time_s=1.0
