@@ -67,7 +67,7 @@ class ClusterView:
         self.key_listeners: list[Callable[[str, bytes | None, int], None]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._kv_ready = asyncio.Event()
-        self._replay = kvkeys.Replay(())  # the keys the first watch must bring
+        self._replay: kvkeys.Replay | None = None  # the keys the first watch must bring
         self._fp: Follower[NodeFingerprint] | None = None
         self._health: Follower[HealthEvent] | None = None
         self.nodes_synced: asyncio.Event | None = None  # set: wait for the Node list
@@ -152,7 +152,7 @@ class ClusterView:
         async for entry in watcher:
             if entry is None:  # nats-py's end of the replay, which can come early
                 continue
-            if self._replay.saw(entry.key):
+            if self._replay is not None and self._replay.saw(entry.key):
                 self._kv_ready.set()
             if "=" in entry.key:
                 gone = entry.operation in ("DEL", "PURGE")
@@ -209,6 +209,9 @@ class ClusterView:
                     await self._kv_ready.wait()
             if self._kv_ready.is_set():
                 return
+            if self._replay is None:
+                _log.warning("reservations_replaying", waiting="the ledger's keys (not listed yet)")
+                continue
             try:
                 stored = await kvkeys.stored_keys(self.bus, streams.KV_ALLOC)
             except BusUnavailable as exc:
