@@ -27,7 +27,7 @@ import pytest
             [
                 "bare ordered push, decode",
                 "bare pull, decode+AckAll",
-                "ClusterView (scheduler)",
+                "ClusterView (+ the ledger)",
                 "ratio ≥ 0.7",
                 "ready ≤ 5 s",
             ],
