@@ -32,6 +32,13 @@ the machine's CPU saturated, pods/s follows that cost; and each process's
 load once a burst's pods all run, against its load at rest. Target: hcs pods/s ≥
 0.8 × plain, 0 over-committed, 0 Pending while an allowed class has room.
 
+``--same-placement`` then runs plain pods held (by hostname nodeSelector,
+still through kube-scheduler) to the nodes the last HCS burst's pods
+started on, as many per node, and prints HCS's ratio against them: what the
+HCS path costs apart from where its placement policy puts pods (cheapest
+class that fits, packed), since a kubelet starts pods at its API client's
+rate and the busiest node sets a burst's end.
+
 ``--rounds N`` runs the two bursts N times in turn (plain, HCS, plain, …)
 and prints each back-to-back pair's ratio and their median: this machine's
 speed drifts by more than a small change moves one ratio.
@@ -143,9 +150,11 @@ class Watcher(threading.Thread):
             conn.close()
 
 
-def burst_pod(name: str, kind: Kind) -> dict[str, Any]:
+def burst_pod(name: str, kind: Kind, *, node: str | None = None) -> dict[str, Any]:
+    """The pod; with ``node``, held to that node by its hostname label (still
+    scheduled by kube-scheduler, which finds one node feasible)."""
     requests = dict(kind.requests)
-    return {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -165,6 +174,19 @@ def burst_pod(name: str, kind: Kind) -> dict[str, Any]:
             ],
         },
     }
+    if node:
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return pod
+
+
+def placement(pods: list[dict[str, Any]], *, label: str, count: int) -> list[str]:
+    """The node of each of a burst's pods that started somewhere, in pod order."""
+    nodes = {
+        p["metadata"]["name"]: (p.get("spec") or {}).get("nodeName")
+        for p in pods
+        if p.get("status", {}).get("phase") == "Running"
+    }
+    return [n for i in range(count) if (n := nodes.get(f"{label}-{i:04d}"))]
 
 
 def cpu_s(pid: int) -> float:
@@ -219,6 +241,7 @@ def burst(
     kinds: list[Kind],
     workers: int,
     settle_s: float,
+    nodes: list[str] | None = None,
 ) -> dict[str, Any]:
     pods = len(kinds)
     namespace = cluster.namespace(f"burst-{label}")
@@ -233,7 +256,8 @@ def burst(
     def create(i: int) -> None:
         name = f"{label}-{i:04d}"
         try:
-            cluster.api.create(burst_pod(name, kinds[i]), namespace=namespace)
+            pod = burst_pod(name, kinds[i], node=nodes[i] if nodes else None)
+            cluster.api.create(pod, namespace=namespace)
             created_at[name] = time.monotonic()
         except ApiError as exc:
             errors.append(f"{name}: {exc}")
@@ -292,6 +316,7 @@ def burst(
             for name, after in histograms(scraped_after).items()
         },
         "namespace": namespace,
+        "placement": placement(items, label=label, count=pods),
         "room": None
         if label.startswith("plain")
         else room_left(stack, pending, kinds=kinds, label=label),
@@ -598,9 +623,10 @@ def advertise_plain(cluster: Cluster, names: list[str], *, per_node: int) -> Non
     wait_for(
         lambda: all(
             cluster.api.get(f"/api/v1/nodes/{n}")["status"].get("allocatable", {}).get(PLAIN)
+            == str(per_node)
             for n in names
         ),
-        what=f"{PLAIN} in every node's allocatable (kubelet status sync)",
+        what=f"{PLAIN}: {per_node} in every node's allocatable (kubelet status sync)",
         timeout_s=60,
     )
 
@@ -790,6 +816,38 @@ def report_room(label: str, room: dict[str, Any]) -> None:
         )
 
 
+def pinned_burst(
+    cluster: Cluster, stack: Stack, hcs: dict[str, Any], *, names: list[str], args: Any
+) -> dict[str, Any]:
+    """Plain pods, each held to the node of one of ``hcs``'s started pods."""
+    nodes = hcs["placement"]
+    clear(cluster, hcs["namespace"])
+    most = max(collections.Counter(nodes).values(), default=0)
+    advertise_plain(cluster, names, per_node=most + 2)
+    print(f"plainpin burst: {len(nodes)} pods on the {hcs['label']} burst's nodes", flush=True)
+    return burst(
+        cluster,
+        stack,
+        label="plainpin",
+        kinds=[Kind("plain", 100, {PLAIN: "1"})] * len(nodes),
+        workers=args.workers,
+        settle_s=args.settle_s,
+        nodes=nodes,
+    )
+
+
+def report_pinned(hcs: dict[str, Any], pinned: dict[str, Any], rest: dict[str, float]) -> None:
+    """HCS against plain pods placed as HCS placed its own: the ratio without
+    the placement policy's share (a kubelet starts pods at its API client's
+    rate, so pods per node set the burst's end)."""
+    print(
+        f"\nsame placement ({pinned['label']}: plain pods pinned to the nodes {hcs['label']} used, "
+        f"as many per node): {pinned['pods_per_s']:.1f} pods/s, {hcs['label']} "
+        f"{hcs['pods_per_s']:.1f}; ratio {pods_ratio(pinned, hcs):.2f}, "
+        f"by CPU {cpu_ratio(pinned, hcs, rest):.2f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__)
     parser.add_argument("--pods", type=int, default=1000)
@@ -813,6 +871,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="run the plain and HCS bursts this many times in turn and print each pair's ratio",
+    )
+    parser.add_argument(
+        "--same-placement",
+        action="store_true",
+        help="then plain pods pinned to the nodes the last HCS burst used, as many per node "
+        "(plainpin): what HCS costs apart from where its placement policy puts pods",
     )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args(argv)
@@ -871,9 +935,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             # the same, with the burst's pods running: what holding them costs
             results[-1]["held"] = at_rest(cluster, stack, seconds=args.rest_s)
-        report(results)
+        pinned = []
+        if args.same_placement:
+            pinned = [pinned_burst(cluster, stack, results[-1], names=names, args=args)]
+        report(results + pinned)
         report_pod_cost(results, rest)
         report_rounds(results, rest)
+        for run in pinned:
+            report_pinned(results[-1], run, rest)
     finally:
         if stack is not None:
             stack.stop()
