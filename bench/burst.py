@@ -39,6 +39,9 @@ HCS path costs apart from where its placement policy puts pods (cheapest
 class that fits, packed), since a kubelet starts pods at its API client's
 rate and the busiest node sets a burst's end.
 
+``--placement spread`` runs the scheduler with ``HCS_SCHEDULER__PLACEMENT=spread``
+(the class with the most VRAM free, the emptiest nodes) instead of ``pack``.
+
 ``--rounds N`` runs the two bursts N times in turn (plain, HCS, plain, …)
 and prints each back-to-back pair's ratio and their median: this machine's
 speed drifts by more than a small change moves one ratio.
@@ -878,6 +881,12 @@ def main(argv: list[str] | None = None) -> int:
         help="then plain pods pinned to the nodes the last HCS burst used, as many per node "
         "(plainpin): what HCS costs apart from where its placement policy puts pods",
     )
+    parser.add_argument(
+        "--placement",
+        choices=("pack", "spread"),
+        default="pack",
+        help="the scheduler's HCS_SCHEDULER__PLACEMENT (default pack, as shipped)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args(argv)
     configure(TelemetrySettings(log_format="console", log_level="warning"), service="bench-burst")
@@ -885,6 +894,8 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(bins, str):
         print(f"bench.burst: {bins}", file=sys.stderr)
         return 2
+    os.environ["HCS_SCHEDULER__PLACEMENT"] = args.placement  # the parts inherit it
+    print(f"placement: {args.placement}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="hcs-burst-"))
     cluster = Cluster(bins, root=root)
     stack: Stack | None = None

@@ -110,6 +110,11 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     # no preference for (``pods.kube_prefers``): kube-scheduler then skips its
     # scoring and the prioritize call (DESIGN §6)
     pick_in_filter: bool = True
+    # where pods go among what fits: "pack" (the cheapest class that fits, its
+    # fullest nodes first: big holes stay whole) or "spread" (the class with
+    # the largest free share, its emptiest nodes first: a burst is spread
+    # over the fleet, each kubelet starting fewer pods)
+    placement: Literal["pack", "spread"] = "pack"
 
 
 class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):

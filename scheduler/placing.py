@@ -11,7 +11,8 @@
   an integer 0..10 (the extender's scale):
 
   - ``binpack``: share of the node's class VRAM reserved once the pod is
-    placed (partly used nodes first, empty nodes kept whole);
+    placed (partly used nodes first, empty nodes kept whole); with
+    ``placement: spread`` the share left free instead (emptiest first);
   - ``health``: (mean + min) / 2 of the chosen devices' health scores;
   - ``job_affinity``: 1 when the node shares a network group (RDMA fabric
     label, else network-group label; read from the Node object where the
@@ -56,6 +57,7 @@ class Weights:
     job_affinity: float = 1.0
     right_size: float = 1.0
     topology: float = 1.0
+    spread: bool = False  # the binpack part counts the other way: emptiest first
 
     @classmethod
     def from_settings(cls, settings: SchedulerSettings) -> Weights:
@@ -65,6 +67,7 @@ class Weights:
             job_affinity=settings.weight_job_affinity,
             right_size=settings.weight_right_size,
             topology=settings.weight_topology,
+            spread=settings.placement == "spread",
         )
 
 
@@ -239,7 +242,7 @@ def node_score(
     """Combine components into the extender's 0..10 integer."""
     topology = parts.topology_gbps / best_gbps if best_gbps > 0 else 1.0
     pairs = [
-        (weights.binpack, parts.binpack),
+        (weights.binpack, 1.0 - parts.binpack if weights.spread else parts.binpack),
         (weights.health, parts.health),
         (weights.right_size, parts.right_size),
         (weights.topology, topology),

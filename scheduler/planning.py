@@ -17,7 +17,9 @@ otherwise, with substitution ``allow``, the equivalent set of another class
 fewest devices, then the least over-provisioning, wins); with ``ask`` the plan
 refuses and carries the ``offer``; with ``deny`` it waits for the named
 model. Without named models the best-sized class with room wins (right
-sizing: least ACU and VRAM committed beyond the request). A class with no
+sizing: least ACU and VRAM committed beyond the request); among equally
+sized ones the cheapest (least ACU per device), or with ``spread`` the one
+with the largest share of its VRAM free, so a burst is spread over them. A class with no
 room now but able to hold the pod when free still yields a plan (the pod
 waits); a request no node can ever hold is refused at once.
 """
@@ -296,7 +298,20 @@ def _refuse(
     return sizing
 
 
-def _rank(candidates: list[_Candidate]) -> list[_Candidate]:
+def _rank(candidates: list[_Candidate], *, spread: bool = False) -> list[_Candidate]:
+    """Room first, then the least waste; then the cheapest class (pack) or
+    the one with the largest share of its VRAM free (spread)."""
+    if spread:
+        return sorted(
+            candidates,
+            key=lambda c: (
+                not c.room,
+                c.sizing.waste,
+                -free_share(c.stats),
+                c.stats.acu,
+                c.stats.key,
+            ),
+        )
     return sorted(
         candidates,
         key=lambda c: (
@@ -309,22 +324,29 @@ def _rank(candidates: list[_Candidate]) -> list[_Candidate]:
     )
 
 
+def free_share(stats: ClassStats) -> float:
+    """The share of a class's VRAM neither reserved nor pledged."""
+    total = stats.vram_mib * stats.devices
+    return (stats.free_mib - stats.pledged.vram_mib) / total if total > 0 else 0.0
+
+
 def plan(
     request: PlanRequest,
     *,
     summary: Summary,
     profiles: ProfileDB,
     quota: QuotaLimits | None = None,
+    spread: bool = False,
 ) -> Plan:
     """The plan for ``request`` on the cluster ``summary`` (see module doc)."""
     candidates, rejected = _assess(request, summary, profiles)
     names = request.policy.models
     if names:
-        return _plan_named(request, candidates, rejected, summary, profiles, quota)
+        return _plan_named(request, candidates, rejected, summary, profiles, quota, spread=spread)
     if not candidates:
         return _refused(request, rejected, "no device class in the cluster can serve this request")
-    best, *others = _rank(candidates)
-    rejected += [_outranked(c, best) for c in others]
+    best, *others = _rank(candidates, spread=spread)
+    rejected += [_outranked(c, best, spread=spread) for c in others]
     return _finish(request, best, rejected, summary, quota)
 
 
@@ -335,11 +357,13 @@ def _plan_named(
     summary: Summary,
     profiles: ProfileDB,
     quota: QuotaLimits | None,
+    *,
+    spread: bool,
 ) -> Plan:
     names = request.policy.models
     mine = [c for c in candidates if named(c.stats, names, profiles)]
     others = [c for c in candidates if c not in mine]
-    ranked = _rank(mine)
+    ranked = _rank(mine, spread=spread)
     if (ranked and ranked[0].room) or request.policy.substitution == "deny":
         rejected += [_not_named(c, names) for c in others]
         if not ranked:
@@ -348,7 +372,7 @@ def _plan_named(
                 rejected,
                 f"no class named by policy.models ({', '.join(names)}) can serve this request",
             )
-        rejected += [_outranked(c, ranked[0]) for c in ranked[1:]]
+        rejected += [_outranked(c, ranked[0], spread=spread) for c in ranked[1:]]
         return _finish(request, ranked[0], rejected, summary, quota)
     return _substitute(request, ranked, others, rejected, summary, profiles, quota)
 
@@ -522,9 +546,15 @@ def _not_named(cand: _Candidate, names: Iterable[str]) -> Rejection:
     return _reject(cand, f"not named by policy.models ({', '.join(names)}); substitution is off")
 
 
-def _outranked(cand: _Candidate, best: _Candidate) -> Rejection:
+def _outranked(cand: _Candidate, best: _Candidate, *, spread: bool = False) -> Rejection:
     if not cand.room and best.room:
         return _reject(cand, "no node has room now")
+    if spread and cand.sizing.waste == best.sizing.waste:
+        return _reject(
+            cand,
+            f"{cand.stats.key} has {free_share(cand.stats):.0%} of its VRAM free, "
+            f"{best.stats.key} {free_share(best.stats):.0%} (placement: spread)",
+        )
     return _reject(
         cand,
         f"{cand.sizing.devices} × {cand.stats.key} fits worse than "

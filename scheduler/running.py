@@ -118,7 +118,11 @@ async def run(
     booker = Booker(bus, kv=kv, ckpt=ckpt, state=view.state, kube=kube, replica=replica)
     quotas = QuotaSource(kube=kube, file=cfg.quota_file)
     planner = Planner(
-        view.state, profiles=profiles or profile_db(), quotas=quotas, max_age_s=summary_max_age_s
+        view.state,
+        profiles=profiles or profile_db(),
+        quotas=quotas,
+        max_age_s=summary_max_age_s,
+        spread=cfg.placement == "spread",
     )
     view.listeners.append(planner.changed)
     pledger = Pledger(

@@ -42,8 +42,10 @@ class Planner:
         profiles: ProfileDB,
         quotas: QuotaSource,
         max_age_s: float = 0.5,
+        spread: bool = False,
     ) -> None:
         self.state = state
+        self.spread = spread  # ``placement: spread``: classes by free share
         self.profiles = profiles
         self.quotas = quotas
         self.max_age_s = max_age_s
@@ -84,7 +86,9 @@ class Planner:
 
     async def _plan(self, request: PlanRequest, summary: planning.Summary) -> Plan:
         quota = await self.quotas.limits(request.namespace)
-        return planning.plan(request, summary=summary, profiles=self.profiles, quota=quota)
+        return planning.plan(
+            request, summary=summary, profiles=self.profiles, quota=quota, spread=self.spread
+        )
 
     async def spend(self, pod: PodInfo, demand: PlanAnnotation) -> tuple[str, str]:
         """At bind: the pod's pledge spent (or a fresh one within its quota);

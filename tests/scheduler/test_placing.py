@@ -148,6 +148,24 @@ def test_scores_are_integers_from_zero_to_ten_and_prefer_partly_used_healthy_nod
     assert scores["used"] > scores["empty"] > scores["sick"]
 
 
+@pytest.mark.parametrize(("placement", "first"), [("pack", "used"), ("spread", "empty")])
+def test_placement_decides_whether_the_fuller_or_the_emptier_node_scores_higher(
+    placement: str, first: str
+) -> None:
+    from hcs_bus.settings import SchedulerSettings
+
+    state = state_of(node_fp("empty"), node_fp("used"))
+    _reserve(state, "used", [(i, 81920, True) for i in range(4)])
+    weights = placing.Weights.from_settings(SchedulerSettings(placement=placement))  # type: ignore[arg-type]
+    scores = {}
+    for name in ("empty", "used"):
+        node = state.nodes[name]
+        parts = placing.components(node, placing.check_node(node, SLICE), SLICE)
+        scores[name] = placing.node_score(parts, weights=weights, best_gbps=0.0, job_groups=None)
+    other = "used" if first == "empty" else "empty"
+    assert scores[first] > scores[other]
+
+
 def test_job_affinity_prefers_the_jobs_network_group() -> None:
     state = state_of(
         node_fp("a", labels={"hcs.io/rdma-fabric": "f1"}),

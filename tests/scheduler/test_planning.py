@@ -136,3 +136,56 @@ def test_a_plan_carries_what_the_largest_node_of_its_class_advertises_to_its_kub
         "ai.compute/vram": 4 * t4.vram_mib * 2**20,  # the agent's unit: bytes
         "ai.compute/devices": 4,
     }
+
+
+SPREAD_FLEET = (
+    node_fp("a100-1", "nvidia/A100-80G"),
+    node_fp("h100-1", "nvidia/H100-SXM"),
+    node_fp("ascend-1", "huawei/Ascend910B2"),
+)
+
+
+def _burst(*, pods: int, spread: bool) -> tuple[dict[str, int], planning.Summary]:
+    """``pods`` plans of 16 GiB, each reserved before the next is made (as a
+    pledge is counted at once): pods per model, and the summary at the end."""
+    state = state_of(*SPREAD_FLEET)
+    node_of = {fp.devices[0].model: fp.node for fp in SPREAD_FLEET}
+    held: dict[str, list] = {node: [] for node in node_of.values()}
+    placed: dict[str, int] = {}
+    request = PlanRequest(namespace="ml", requests=Requests(vram_mib=16384))
+    for i in range(pods):
+        summary = planning.summarise(state.nodes.values())
+        plan = planning.plan(request, summary=summary, profiles=DB, spread=spread)
+        assert plan.ok and "waits" not in plan.reason, plan.reason
+        node = node_of[plan.model]
+        held[node].append(reservation("ml", f"p{i}", [(len(held[node]) % 8, 16384, False)]))
+        state.apply_reservations(node, NodeReservations(node=node, reservations=tuple(held[node])))
+        placed[plan.model] = placed.get(plan.model, 0) + 1
+    return placed, planning.summarise(state.nodes.values())
+
+
+def test_pack_puts_a_burst_of_equally_sized_pods_in_the_cheapest_class_that_fits() -> None:
+    placed, _ = _burst(pods=30, spread=False)
+    cheapest = min(SPREAD_FLEET, key=lambda fp: fp.devices[0].compute.acu).devices[0].model
+    assert placed == {cheapest: 30}
+
+
+def test_spread_puts_a_burst_over_the_classes_keeping_their_free_shares_level() -> None:
+    placed, summary = _burst(pods=30, spread=True)
+    assert set(placed) == {"A100-80G", "H100-SXM", "Ascend910B2"}
+    shares = [planning.free_share(stats) for stats in summary.classes.values()]
+    # each pod went to the class with the most free: they end within one pod's share
+    assert max(shares) - min(shares) <= 16384 / (8 * 65536) + 1e-9
+    assert sum(placed.values()) == 30
+
+
+def test_under_spread_a_class_passed_over_is_told_by_its_free_share() -> None:
+    state = state_of(*SPREAD_FLEET)
+    hog = reservation("other", "hog", [(i, 81920, True) for i in range(4)])
+    state.apply_reservations("a100-1", NodeReservations(node="a100-1", reservations=(hog,)))
+    summary = planning.summarise(state.nodes.values())
+    plan = _plan(Requests(vram_mib=16384), summary=summary, spread=True)
+    assert plan.model in {"H100-SXM", "Ascend910B2"}
+    why = {r.model: r.reason for r in plan.rejected}
+    assert why["A100-80G"].startswith("nvidia/A100-80G has 50% of its VRAM free")
+    assert why["A100-80G"].endswith("100% (placement: spread)")
