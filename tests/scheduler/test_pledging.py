@@ -316,3 +316,32 @@ async def test_without_a_quota_each_pledge_is_its_own_key_a_burst_spreads_and_bi
     assert await pledger.release("ml", second.pledge, reason="pod deleted")
     assert second.pledge not in {p.id for p in await _stored(bus)}
     assert pledger.by_namespace(fresh=True)["ml"][1] == 4
+
+
+@pytest.mark.parametrize(("placement", "classes"), [("pack", 2), ("spread", 3)])
+async def test_a_burst_of_plans_fills_the_cheapest_class_under_pack_and_goes_over_all_under_spread(
+    bus: Bus, start_scheduler: Start, placement: str, classes: int
+) -> None:
+    """12 slices of 16 GiB at once on 3 classes of 2 devices (10, 10 and 8
+    slices): each plan counts the pledges of those before it."""
+    await publish_fleet(
+        bus,
+        node_fp("gpu-0", count=2),
+        node_fp("gpu-1", "nvidia/H100-SXM", count=2),
+        node_fp("npu-0", "huawei/Ascend910B2", count=2),
+    )
+    sched = await start_scheduler(bus, http=False, placement=placement)
+    await until(lambda: len(sched.view.state.nodes) == 3)
+    requests = [
+        PlanRequest(namespace="ml", requests=Requests(vram_mib=16384), pod_name=f"s{i}")
+        for i in range(12)
+    ]
+    plans = await asyncio.gather(*(sched.planner.place(r) for r in requests))
+    assert all(p.ok and "waits" not in p.reason for p in plans), [p.reason for p in plans]
+    per_class: dict[str, int] = {}
+    for p in plans:
+        per_class[p.model] = per_class.get(p.model, 0) + 1
+    assert len(per_class) == classes, per_class
+    if placement == "spread":
+        assert max(per_class.values()) <= 5, per_class
+    assert len({p.pledge for p in plans}) == 12  # each pledged, once
