@@ -11,14 +11,12 @@ SIGTERM drains: queued fingerprints and health events are flushed first.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from agents import fleet as fleet_file
 from agents.running import run_fleet, run_node
 from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
-from hcs_bus.errors import ConfigError
 from hcs_bus.settings import Settings, load, replace
 from hcs_bus.telemetry import configure
 
@@ -50,20 +48,17 @@ async def _main(args: argparse.Namespace, settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    try:
-        settings = load(path=args.config)
-        if args.node:
-            settings = replace(settings, agent={"node_name": args.node})
-        if args.fleet:
-            fleet_file.load(args.fleet)  # fail before connecting
-        configure(settings.telemetry, service="hcs-agent")
-        asyncio.run(_main(args, settings))
-    except ConfigError as exc:
-        print(f"hcs-agent: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return tasks.run_part(lambda: _configured(args), service="hcs-agent")
+
+
+async def _configured(args: argparse.Namespace) -> None:
+    settings = load(path=args.config)
+    if args.node:
+        settings = replace(settings, agent={"node_name": args.node})
+    if args.fleet:
+        fleet_file.load(args.fleet)  # a bad fleet fails before logging is set up
+    configure(settings.telemetry, service="hcs-agent")
+    await _main(args, settings)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import gc
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from hcs_bus.errors import ConfigError
 from hcs_bus.telemetry import logger, meter
 
 _log = logger("hcs.tasks")
@@ -136,3 +138,17 @@ async def run_until_stopped(coro: Coroutine[Any, Any, Any], *, name: str) -> Non
         await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         await stop(work, waiter)
+
+
+def run_part(main: Callable[[], Coroutine[Any, Any, None]], *, service: str) -> int:
+    """A part's process: ``main`` run to its end, and its exit status; bad
+    settings are one line on stderr naming the setting (status 2), not a
+    traceback."""
+    try:
+        asyncio.run(main())
+    except ConfigError as exc:
+        print(f"{service}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import sys
 
 from hcs_bus import bus as hcs_bus_bus
 from hcs_bus import kube as hcs_kube
@@ -39,9 +39,10 @@ async def _main(args: argparse.Namespace) -> None:
         await bus.drain()
 
 
-def main(argv: list[str] | None = None) -> None:
-    asyncio.run(_main(parse_args(argv)))
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return tasks.run_part(lambda: _main(args), service="hcs-healer")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

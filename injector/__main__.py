@@ -8,7 +8,7 @@ when no certificate is configured and prints the caBundle.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import sys
 from pathlib import Path
 
 from hcs_bus import bus as bus_module
@@ -41,12 +41,13 @@ async def run(args: argparse.Namespace) -> None:
     await bus.drain()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m injector", description=__doc__)
     parser.add_argument("--config", help="settings YAML (else HCS_CONFIG)")
     parser.add_argument("--dev-certs", metavar="DIR", help="make development certificates here")
-    asyncio.run(run(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    return tasks.run_part(lambda: run(args), service="hcs-injector")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

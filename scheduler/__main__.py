@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import sys
 
 from hcs_bus import settings as settings_mod
 from hcs_bus import streams, tasks
@@ -29,4 +29,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(tasks.run_part(main, service="hcs-scheduler"))
