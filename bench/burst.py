@@ -89,6 +89,7 @@ CLASSES = (
     ("cambricon/MLU370-X8", "mlulink"),
 )
 PLAIN = "example.com/dev"
+PLAIN_KIND = Kind("plain", 100, {PLAIN: "1"})  # what each pod of a plain burst asks
 REPLAN_AFTER_S = SchedulerSettings().replan_after_s
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -820,7 +821,13 @@ def report_room(label: str, room: dict[str, Any]) -> None:
 
 
 def pinned_burst(
-    cluster: Cluster, stack: Stack, hcs: dict[str, Any], *, names: list[str], args: Any
+    cluster: Cluster,
+    stack: Stack,
+    hcs: dict[str, Any],
+    *,
+    names: list[str],
+    workers: int,
+    settle_s: float,
 ) -> dict[str, Any]:
     """Plain pods, each held to the node of one of ``hcs``'s started pods."""
     nodes = hcs["placement"]
@@ -832,9 +839,9 @@ def pinned_burst(
         cluster,
         stack,
         label="plainpin",
-        kinds=[Kind("plain", 100, {PLAIN: "1"})] * len(nodes),
-        workers=args.workers,
-        settle_s=args.settle_s,
+        kinds=[PLAIN_KIND] * len(nodes),
+        workers=workers,
+        settle_s=settle_s,
         nodes=nodes,
     )
 
@@ -922,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_labelled(cluster, names)
         advertise_plain(cluster, names, per_node=-(-args.pods // len(names)) + 2)
         rest = at_rest(cluster, stack, seconds=args.rest_s)
-        plain = [Kind("plain", 100, {PLAIN: "1"})] * args.pods
+        plain = [PLAIN_KIND] * args.pods
         results: list[dict[str, Any]] = []
         runs = [
             (f"{name}-{i}" if i > 1 else name, kinds)
@@ -948,7 +955,16 @@ def main(argv: list[str] | None = None) -> int:
             results[-1]["held"] = at_rest(cluster, stack, seconds=args.rest_s)
         pinned = []
         if args.same_placement:
-            pinned = [pinned_burst(cluster, stack, results[-1], names=names, args=args)]
+            pinned = [
+                pinned_burst(
+                    cluster,
+                    stack,
+                    results[-1],
+                    names=names,
+                    workers=args.workers,
+                    settle_s=args.settle_s,
+                )
+            ]
         report(results + pinned)
         report_pod_cost(results, rest)
         report_rounds(results, rest)

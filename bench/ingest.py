@@ -94,7 +94,7 @@ async def fill(bus: Bus, *, nodes: int, seconds: int) -> int:
     # the ledger: every node's reservations document, which the view lists
     # (hcs_bus.kvkeys) and replays before it is ready
     await bus.publish_window(
-        (f"$KV.{streams.KV_ALLOC}.{subjects.alloc_key(doc.node)}", doc, f"kv:{n}")
+        (streams.kv_subject(streams.KV_ALLOC, subjects.alloc_key(doc.node)), doc, f"kv:{n}")
         for n in range(nodes)
         for doc in (reservations(n),)
     )

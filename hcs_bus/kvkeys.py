@@ -17,11 +17,13 @@ once every listed key has been seen.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 from nats.errors import Error as NatsError
+from nats.js.errors import KeyNotFoundError
 
+from hcs_bus import streams
 from hcs_bus.bus import Bus
 from hcs_bus.errors import BusUnavailable
 from hcs_bus.permissions import JS_API
@@ -49,7 +51,7 @@ _INFO = msgspec.json.Decoder(_Info)
 async def stored_keys(bus: Bus, bucket: str, *, timeout_s: float = 5.0) -> set[str]:
     """Every key of ``bucket`` with a message in its stream (the latest may be
     a delete marker: read it before trusting a value is there)."""
-    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    stream, prefix = streams.kv_stream(bucket), streams.kv_subject(bucket, "")
     keys: set[str] = set()
     offset = 0
     while True:
@@ -71,6 +73,25 @@ async def stored_keys(bus: Bus, bucket: str, *, timeout_s: float = 5.0) -> set[s
         offset += len(page)
         if not page or offset >= info.total:
             return keys
+
+
+async def stored_values(
+    bus: Bus, bucket: str, *, wanted: Callable[[str], bool] = lambda _key: True
+) -> list[tuple[str, bytes]]:
+    """(key, value) of the ``wanted`` keys of ``bucket`` that hold a value
+    (deleted ones left out), in key order."""
+    kv = await bus.js.key_value(bucket)
+    out: list[tuple[str, bytes]] = []
+    for key in sorted(k for k in await stored_keys(bus, bucket) if wanted(k)):
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # deleted: its marker is still stored
+            continue
+        except NatsError as exc:
+            raise BusUnavailable(f"hcs: cannot read {key} of {bucket}: {exc!r}") from exc
+        if entry.value:
+            out.append((key, entry.value))
+    return out
 
 
 class Replay:

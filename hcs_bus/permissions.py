@@ -128,27 +128,26 @@ def consuming(stream: str, *, durables: Sequence[str] = ()) -> list[str]:
     return out
 
 
-def _kv_stream(bucket: str) -> str:
-    return f"KV_{bucket}"
-
-
 def kv_reading(bucket: str) -> list[str]:
-    stream = _kv_stream(bucket)
+    stream = streams.kv_stream(bucket)
     return [
         f"{JS_API}.STREAM.INFO.{stream}",
-        f"{JS_API}.DIRECT.GET.{stream}.$KV.{bucket}.>",
+        f"{JS_API}.DIRECT.GET.{stream}.{streams.kv_subject(bucket)}",
         f"{JS_API}.STREAM.MSG.GET.{stream}",
     ]
 
 
 def kv_reading_keys(bucket: str, *, keys: str) -> list[str]:
     """Direct gets of ``keys`` only (no ``STREAM.MSG.GET``, which reads any key)."""
-    stream = _kv_stream(bucket)
-    return [f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}"]
+    stream = streams.kv_stream(bucket)
+    return [
+        f"{JS_API}.STREAM.INFO.{stream}",
+        f"{JS_API}.DIRECT.GET.{stream}.{streams.kv_subject(bucket, keys)}",
+    ]
 
 
 def kv_writing(bucket: str, *, keys: str = ">") -> list[str]:
-    return [f"$KV.{bucket}.{keys}"]
+    return [streams.kv_subject(bucket, keys)]
 
 
 def following(stream: str) -> list[str]:
@@ -158,7 +157,7 @@ def following(stream: str) -> list[str]:
 
 
 def kv_watching(bucket: str) -> list[str]:
-    return following(_kv_stream(bucket))
+    return following(streams.kv_stream(bucket))
 
 
 def dead_letters(*patterns: str) -> list[str]:
@@ -167,7 +166,7 @@ def dead_letters(*patterns: str) -> list[str]:
 
 def _all_streams() -> list[str]:
     names = [streams.FP, streams.HEALTH, streams.ALLOC, streams.DLQ]
-    return [*names, _kv_stream(streams.KV_ALLOC), _kv_stream(streams.KV_CKPT)]
+    return [*names, streams.kv_stream(streams.KV_ALLOC), streams.kv_stream(streams.KV_CKPT)]
 
 
 # -- parts --------------------------------------------------------------------

@@ -32,6 +32,17 @@ DLQ = "HCS_DLQ"
 KV_ALLOC = "hcs_alloc"
 KV_CKPT = "hcs_ckpt"
 
+
+def kv_stream(bucket: str) -> str:
+    """The stream that holds KV ``bucket``."""
+    return f"KV_{bucket}"
+
+
+def kv_subject(bucket: str, key: str = ">") -> str:
+    """The subject of ``key`` (or a wildcard) in KV ``bucket``."""
+    return f"$KV.{bucket}.{key}"
+
+
 _log = logger("hcs.streams")
 
 
@@ -151,7 +162,7 @@ async def _stream(bus: Bus, want: StreamConfig) -> Outcome:
 
 
 async def _bucket(bus: Bus, kv: KeyValueConfig) -> Outcome:
-    name = f"KV_{kv.bucket}"
+    name = kv_stream(kv.bucket)
     try:
         info = await bus.js.stream_info(name)
     except NotFoundError:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 
 from hcs_bus import kvkeys, messages, streams, subjects
 from hcs_bus.bus import Bus
@@ -42,27 +42,12 @@ T = TypeVar("T")
 LIMITS = pledgecheck.Limits(ttl_s=SchedulerSettings().pledge_ttl_s)
 
 
-async def _entries(bus: Bus, wanted: Callable[[str], bool]) -> list[tuple[str, bytes]]:
-    """(key, value) of the ``wanted`` keys of KV ``hcs_alloc`` that hold one."""
-    kv = await bus.js.key_value(streams.KV_ALLOC)
-    keys = await kvkeys.stored_keys(bus, streams.KV_ALLOC)  # not kv.keys(): it can stop early
-    out: list[tuple[str, bytes]] = []
-    for key in sorted(keys):
-        if not wanted(key):
-            continue
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:
-            continue
-        if entry.value:
-            out.append((key, entry.value))
-    return out
-
-
 async def read_ledger(bus: Bus) -> dict[str, NodeReservations]:
     """Every node's reservations document (node → document)."""
     out: dict[str, NodeReservations] = {}
-    for key, value in await _entries(bus, lambda k: "=" not in k):  # "=": pledges
+    for key, value in await kvkeys.stored_values(
+        bus, streams.KV_ALLOC, wanted=lambda k: "=" not in k
+    ):  # "=": pledges
         doc = _decoded(_DOC, value, key=key)
         out[doc.node] = doc
     return out
@@ -72,7 +57,9 @@ async def read_pledges(bus: Bus) -> dict[str, NamespacePledges]:
     """Every namespace's pledges (namespace → document), from its
     ``pledges=<namespace>`` document and its ``pledges=<namespace>=<id>`` keys."""
     found: dict[str, list[Pledge]] = {}
-    for key, value in await _entries(bus, pledges.is_pledge_key):
+    for key, value in await kvkeys.stored_values(
+        bus, streams.KV_ALLOC, wanted=pledges.is_pledge_key
+    ):
         namespace, pledge_id = pledges.parse_key(key)
         if pledge_id:
             found.setdefault(namespace, []).append(_decoded(_PLEDGE, value, key=key))

@@ -301,27 +301,16 @@ def _refuse(
 def _rank(candidates: list[_Candidate], *, spread: bool = False) -> list[_Candidate]:
     """Room first, then the least waste; then the cheapest class (pack) or
     the one with the largest share of its VRAM free (spread)."""
-    if spread:
-        return sorted(
-            candidates,
-            key=lambda c: (
-                not c.room,
-                c.sizing.waste,
-                -free_share(c.stats),
-                c.stats.acu,
-                c.stats.key,
-            ),
-        )
-    return sorted(
-        candidates,
-        key=lambda c: (
-            not c.room,
-            c.sizing.waste,
-            c.stats.acu,
-            c.stats.pledged.vram_mib - c.stats.free_mib,
-            c.stats.key,
-        ),
-    )
+
+    def key(c: _Candidate) -> tuple[object, ...]:
+        stats = c.stats
+        if spread:
+            prefer: tuple[float, ...] = (-free_share(stats), stats.acu)
+        else:
+            prefer = (stats.acu, stats.pledged.vram_mib - stats.free_mib)
+        return (not c.room, c.sizing.waste, *prefer, stats.key)
+
+    return sorted(candidates, key=key)
 
 
 def free_share(stats: ClassStats) -> float:

@@ -50,7 +50,7 @@ async def bus(bus_settings: BusSettings) -> AsyncIterator[Bus]:
     message id would silently lose it)."""
     b = await connect(bus_settings)
     names = [c.name for c in streams.stream_configs(bus_settings)]
-    names += [f"KV_{kv.bucket}" for kv in streams.kv_configs(bus_settings)]
+    names += [streams.kv_stream(kv.bucket) for kv in streams.kv_configs(bus_settings)]
     for name in names:
         with contextlib.suppress(NotFoundError):
             await b.js.delete_stream(name)

@@ -25,7 +25,9 @@ async def test_the_stored_keys_are_every_key_written_deleted_ones_included(bus: 
     await other.put("ml.job", b"{}")
     assert await kvkeys.stored_keys(bus, streams.KV_ALLOC) == {"gpu-0", "gpu-1", "pledges=ml=ab12"}
     # compacted away (what purge_deletes does to an old marker): gone from the list
-    await bus.js.purge_stream(f"KV_{streams.KV_ALLOC}", subject=f"$KV.{streams.KV_ALLOC}.gpu-1")
+    await bus.js.purge_stream(
+        streams.kv_stream(streams.KV_ALLOC), subject=streams.kv_subject(streams.KV_ALLOC, "gpu-1")
+    )
     assert await kvkeys.stored_keys(bus, streams.KV_ALLOC) == {"gpu-0", "pledges=ml=ab12"}
 
 

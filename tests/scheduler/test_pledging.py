@@ -9,7 +9,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from nats.js.errors import KeyNotFoundError
 
 from hcs_bus import kvkeys, streams
 from hcs_bus.bus import Bus, connect
@@ -54,19 +53,16 @@ async def _doc(bus: Bus) -> pledges.NamespacePledges | None:
 
 async def _stored(bus: Bus) -> list[pledges.Pledge]:
     """Every pledge of namespace ml in KV: its document's and its own keys'."""
-    kv = await bus.js.key_value(streams.KV_ALLOC)
     out: list[pledges.Pledge] = []
-    for key in await kvkeys.stored_keys(bus, streams.KV_ALLOC):
+    for key, value in await kvkeys.stored_values(
+        bus, streams.KV_ALLOC, wanted=pledges.is_pledge_key
+    ):
         ns, pledge_id = pledges.parse_key(key)
-        if not pledges.is_pledge_key(key) or ns != "ml":
-            continue
-        try:
-            value = (await kv.get(key)).value or b""
-        except KeyNotFoundError:  # deleted: its marker is still stored
+        if ns != "ml":
             continue
         if pledge_id:
             out.append(msgspec.json.decode(value, type=pledges.Pledge))
-        elif value:
+        else:
             out.extend(msgspec.json.decode(value, type=pledges.NamespacePledges).pledges)
     return out
 

@@ -151,8 +151,8 @@ async def test_a_reservation_purged_between_the_listing_and_the_watch_is_not_wai
     async def watchall(self: KeyValue, **kw: Any) -> Any:
         if not purged.is_set():  # listed by the view a moment ago, compacted now
             await bus.js.purge_stream(
-                f"KV_{streams.KV_ALLOC}",
-                subject=f"$KV.{streams.KV_ALLOC}.{subjects.alloc_key('gone')}",
+                streams.kv_stream(streams.KV_ALLOC),
+                subject=streams.kv_subject(streams.KV_ALLOC, subjects.alloc_key("gone")),
             )
             purged.set()
         return await real(self, **kw)
