@@ -60,11 +60,13 @@ class DemandCache:
         self.ok: set[str] = set()
         self.kept_scores: dict[str, int] = {}  # of the kept entries that fit
         self.fragments: dict[str, bytes] = {}
+        self._all_fit: bytes | None = None  # plain_scores of exactly ``ok``, built once
         self.retired = False  # evicted: answers are still given, never kept
         self._unknown = Entry(placing.check_node(None, demand), None)
 
     def drop(self, name: str) -> None:
         if self.entries.pop(name, None) is not None:
+            self._all_fit = None
             self.ok.discard(name)
             self.kept_scores.pop(name, None)
             self.fragments.pop(name, None)
@@ -74,6 +76,7 @@ class DemandCache:
         self.retired = True
         self.budget.used -= len(self.entries)
         self.entries, self.ok, self.kept_scores, self.fragments = {}, set(), {}, {}
+        self._all_fit = None
 
     def entry(self, name: str) -> Entry:
         found = self.entries.get(name)
@@ -90,6 +93,7 @@ class DemandCache:
         found = Entry(fit, parts, score)
         if not self.retired and self.budget.used < self.budget.limit:
             self.entries[name] = found
+            self._all_fit = None
             self.budget.used += 1
             if parts is not None:
                 self.ok.add(name)
@@ -123,6 +127,27 @@ class DemandCache:
         except KeyError:  # an entry not kept: scored one by one
             found = [self.entry(n).score for n in names]
             return names[found.index(max(found))]
+
+    def best_if_all_fit(self, names: list[str]) -> str | None:
+        """``best(names)`` when every one of ``names`` fits and is kept, else
+        None: one ``max`` over the kept scores, which fails on the first name
+        without one, so the common answer costs one pass, not a ``filter``
+        pass and then a ``best`` pass."""
+        try:
+            return max(names, key=self.kept_scores.__getitem__) if names else None
+        except KeyError:
+            return None
+
+    def plain_scores_if_all_fit(self, names: list[str]) -> bytes | None:
+        """``plain_scores(names)`` when ``names`` are exactly the kept nodes
+        that fit (kube-scheduler asks for every feasible node, and its merge
+        of the answer goes by host, not by place), from bytes built once
+        while those entries stand; else None."""
+        if len(names) != len(self.ok) or not self.ok.issuperset(names):
+            return None
+        if self._all_fit is None:
+            self._all_fit = self.plain_scores(list(self.ok))
+        return self._all_fit
 
     def plain_fragments(self, names: list[str]) -> list[bytes]:
         """The HostPriority JSON of each name when topology and affinity do not matter."""

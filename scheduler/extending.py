@@ -156,6 +156,11 @@ class Extender:
         if isinstance(demand, str):  # a planning refusal: neither capacity nor preemption helps
             return self._filtered(args, names, [], {}, nowhere(names, demand))
         cache = self.cache.of(demand)
+        single = demand.devices == 1 and self.cache.job_groups(pod) is None
+        if self.pick_in_filter and not pod.kube_scores and single:
+            best = cache.best_if_all_fit(names)  # every node fits: the common answer
+            if best is not None:
+                return self._filtered(args, names, [best], {}, {})
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -252,6 +257,9 @@ class Extender:
             return [wire.HostPriority(host=n, score=0) for n in names]
         cache = self.cache.of(demand)
         if demand.devices == 1 and self.cache.job_groups(pod) is None:
+            whole = cache.plain_scores_if_all_fit(names)
+            if whole is not None:
+                return msgspec.Raw(whole)
             fragments: list[bytes] = []
             async for part in _chunks(names):
                 fragments += cache.plain_fragments(part)

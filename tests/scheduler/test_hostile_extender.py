@@ -275,3 +275,37 @@ def test_the_best_node_is_the_first_of_the_highest_scores_whether_or_not_entries
         {"Host": "ghost", "Score": 0}
     ]
     assert json.loads(cache.plain_scores(names)) == listed[:-1]
+
+
+def test_the_all_fit_answers_match_the_general_ones_and_drop_with_any_change() -> None:
+    from hcs_bus.messages import NodeReservations
+    from tests.view.factories import reservation
+
+    state = state_of(*(node_fp(f"n{i}") for i in range(5)))
+    nodes = NodeCache(state, weights=_weights())
+    cache = nodes.of(_demand(8192))
+    names = [f"n{i}" for i in range(5)]
+    assert cache.best_if_all_fit(names) is None  # nothing kept yet: the general path
+    assert cache.plain_scores_if_all_fit(names) is None
+    assert cache.filter(names) == (names, {}, {})  # which keeps every entry
+    assert cache.best_if_all_fit(names) == cache.best(names) == "n0"  # a tie: the first
+    assert cache.best_if_all_fit(["ghost", *names]) is None  # one unknown: the general path
+    assert cache.best_if_all_fit([]) is None
+    whole = cache.plain_scores_if_all_fit(list(reversed(names)))  # by host, in any order
+    assert whole is not None
+    assert sorted(json.loads(whole), key=lambda h: h["Host"]) == json.loads(
+        cache.plain_scores(names)
+    )
+    assert cache.plain_scores_if_all_fit(names[:4]) is None  # not every fitting node
+    assert cache.plain_scores_if_all_fit([*names[:4], "ghost"]) is None
+
+    # n3 fills up: its entry is dropped, the bytes built for all five go with it
+    held = tuple(reservation("ml", f"n3-{i}", [(i, 81920, True)]) for i in range(8))
+    state.apply_reservations("n3", NodeReservations(node="n3", reservations=held))
+    nodes.changed("n3")
+    assert cache.best_if_all_fit(names) is None  # n3 no longer fits
+    passed, failed, _never = cache.filter(names)
+    assert "n3" in failed and passed == ["n0", "n1", "n2", "n4"]
+    assert cache.plain_scores_if_all_fit(names) is None
+    fitting = cache.plain_scores_if_all_fit(passed)
+    assert fitting is not None and {h["Host"] for h in json.loads(fitting)} == set(passed)
