@@ -12,7 +12,9 @@ the pods filtered here for bind, bounded in pods and in bytes.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -26,6 +28,7 @@ MAX_DEMANDS = 64
 MAX_ENTRIES = 100_000  # ≈ 10k nodes × 10 demands; a few hundred bytes each
 MAX_PODS = 10_000
 MAX_POD_BYTES = 32 * 1024 * 1024
+PICK_HOLD_S = 10.0  # longest a node picked in filter counts a pod not yet booked there
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,3 +306,62 @@ class PodMemo:
             return None
         self.bytes -= found[1]
         return found[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    key: str  # namespace/name, as the node's reservations hold it once booked
+    demand: PlanAnnotation
+    until: float
+
+
+class Picks:
+    """Pods that filter answered with one node and that are not booked there
+    yet. kube-scheduler binds in the background: the next pods' filters come
+    before the first pod's bind has written its reservation, and a node
+    picked for all of them turns the last ones away at bind (each a
+    back-off of a second or more in kube-scheduler). A pick lasts until the
+    view holds the pod's reservation on that node, its bind fails, or
+    ``hold_s`` passes; at most ``max_pods`` are kept (oldest go first)."""
+
+    def __init__(
+        self,
+        *,
+        hold_s: float = PICK_HOLD_S,
+        max_pods: int = MAX_PODS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hold_s, self.max_pods, self.clock = hold_s, max_pods, clock
+        self._nodes: dict[str, dict[str, Pick]] = {}  # node -> pod UID -> its pick
+        self._where: OrderedDict[str, str] = OrderedDict()  # pod UID -> node
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def add(self, uid: str, key: str, node: str, demand: PlanAnnotation) -> None:
+        self.drop(uid)
+        self._nodes.setdefault(node, {})[uid] = Pick(key, demand, self.clock() + self.hold_s)
+        self._where[uid] = node
+        while len(self._where) > self.max_pods:
+            self.drop(next(iter(self._where)))
+
+    def drop(self, uid: str) -> None:
+        node = self._where.pop(uid, None)
+        if node is None:
+            return
+        held = self._nodes.get(node)
+        if held is not None:
+            held.pop(uid, None)
+            if not held:
+                del self._nodes[node]
+
+    def on(self, node: str, *, besides: str, booked: Callable[[str], bool]) -> list[PlanAnnotation]:
+        """The demands of the pods other than ``besides`` picked for ``node``
+        and not yet ``booked`` there (those, and the expired, are let go)."""
+        held = self._nodes.get(node)
+        if not held:
+            return []
+        now = self.clock()
+        for uid in [u for u, p in held.items() if p.until <= now or booked(p.key)]:
+            self.drop(uid)
+        return [p.demand for u, p in held.items() if u != besides]

@@ -38,7 +38,7 @@ from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text
 from scheduler import caching, placing
 from scheduler import extenders as wire
 from scheduler.booking import Booker, Kube
-from scheduler.caching import NodeCache, PodMemo
+from scheduler.caching import NodeCache, Picks, PodMemo
 from scheduler.pods import (
     BadPod,
     PlanAnnotation,
@@ -48,6 +48,7 @@ from scheduler.pods import (
     pod_info_from_dict,
 )
 from scheduler.serving import Planner
+from scheduler.state import pod_key
 from scheduler.viewing import ClusterView
 
 _log = logger("hcs.scheduler.extender")
@@ -61,6 +62,7 @@ SECONDS = _meter.create_histogram(
 )
 MAX_BODY = 32 * 1024 * 1024  # nodeCacheCapable: 5,000 names are ~150 KiB
 CHUNK = 4096  # names handled between two yields to the event loop
+MAX_PICK_TRIES = 8  # nodes passed over for pods picked there before a filter gives up
 
 
 class Extender:
@@ -78,6 +80,7 @@ class Extender:
         self.weights, self.pick_in_filter = weights, pick_in_filter
         self.cache = NodeCache(view.state, weights=weights)
         self.pods = PodMemo()
+        self.picks = Picks()
         view.listeners.append(self.cache.changed)
 
     def app(self, *, max_body_bytes: int = MAX_BODY) -> web.Application:
@@ -160,6 +163,7 @@ class Extender:
         if self.pick_in_filter and not pod.kube_scores and single:
             best = cache.best_if_all_fit(names)  # every node fits: the common answer
             if best is not None:
+                best = await self._picked(pod, cache, demand, names, best)
                 return self._filtered(args, names, [best], {}, {})
         passed: list[str] = []
         failed: dict[str, str] = {}
@@ -170,9 +174,46 @@ class Extender:
             failed.update(no)
             unresolvable.update(never)
         passed = self._keep_job_together(pod, passed, failed)
-        if self.pick_in_filter and not pod.kube_scores and len(passed) > 1:
-            passed = [await self._best(pod, cache, passed)]
+        if self.pick_in_filter and not pod.kube_scores and passed:
+            first = passed[0] if len(passed) == 1 else await self._best(pod, cache, passed)
+            passed = [await self._picked(pod, cache, demand, passed, first)]
         return self._filtered(args, names, passed, failed, unresolvable)
+
+    async def _picked(
+        self,
+        pod: PodInfo,
+        cache: caching.DemandCache,
+        demand: PlanAnnotation,
+        names: list[str],
+        first: str,
+    ) -> str:
+        """``first``; or, when the pods picked for it a moment ago and not
+        booked there yet would leave no room for this one, the best of
+        ``names`` they leave room on (``first`` again if none). Remembered
+        as this pod's pick until it is booked."""
+        best, tried = first, set()
+        for _ in range(MAX_PICK_TRIES):
+            if self._room_after_picks(pod, best, demand):
+                break
+            tried.add(best)
+            rest = [n for n in names if n not in tried]
+            if not rest:
+                best = first
+                break
+            best = await self._best(pod, cache, rest)
+        else:
+            best = first
+        self.picks.add(pod.ref.uid, pod_key(pod.ref.namespace, pod.ref.name), best, demand)
+        return best
+
+    def _room_after_picks(self, pod: PodInfo, name: str, demand: PlanAnnotation) -> bool:
+        node = self.view.state.nodes.get(name)
+        if node is None:
+            return True
+        others = self.picks.on(name, besides=pod.ref.uid, booked=node.reservations.__contains__)
+        if not others:
+            return True
+        return placing.fits_after(node, self.view.state.reservations_of(name), others, demand)
 
     async def _best(self, pod: PodInfo, cache: caching.DemandCache, passed: list[str]) -> str:
         """The node ``prioritize`` would score highest (the first of a tie, in
@@ -276,7 +317,9 @@ class Extender:
         if isinstance(demand, str):
             return wire.ExtenderBindingResult(error=demand)
         error = await self.booker.bind(pod, demand, node=args.node)
-        if not error:
+        if error:
+            self.picks.drop(pod.ref.uid)
+        else:  # its pick lasts until the view holds the reservation
             self.pods.pop(pod.ref.uid)
         return wire.ExtenderBindingResult(error=error)
 

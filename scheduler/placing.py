@@ -259,6 +259,28 @@ def node_score(
 # ------------------------------------------------------------- preemption --
 
 
+def fits_after(
+    node: NodeView, doc: NodeReservations | None, others: Sequence[Demand], demand: Demand
+) -> bool:
+    """Whether ``node`` holding ``doc`` can still hold ``demand`` once each
+    of ``others`` has its devices too (chosen as a bind would; one that no
+    longer fits is left out)."""
+    copy = booked(node, doc)
+    for i, other in enumerate(others):
+        fit = check_node(copy, other)
+        if not fit.ok:
+            continue
+        owner = f"(picked {i})"
+        for device in choose_devices(fit, other):
+            if other.whole_device:
+                device.reserved_mib += device.fp.vram_total_mib
+                device.whole_owner = owner
+            else:
+                device.reserved_mib += other.vram_mib_per_device
+                device.slice_owners.add(owner)
+    return check_node(copy, demand).ok
+
+
 def victims_for(
     node: NodeView,
     doc: NodeReservations | None,

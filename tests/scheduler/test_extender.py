@@ -404,3 +404,50 @@ async def test_picking_in_filter_can_be_turned_off(bus: Bus, start_scheduler: St
     del args["Pod"]["metadata"]["ownerReferences"]
     _, out = await _post(sched.port, "filter", args)
     assert out["NodeNames"] == NAMES
+
+
+def _bare(name: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """Filter args of a bare pod ``name``: filter answers it with one node."""
+    args = k8s_doc("extender-filter-args-nodecache.json")
+    args["Pod"] = pod(name, plan=plan)
+    args["Pod"]["metadata"].pop("ownerReferences", None)
+    return args
+
+
+async def test_pods_picked_for_a_node_and_not_yet_bound_there_leave_room_for_the_next_ones(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    """kube-scheduler binds in the background, so the next pods' filters come
+    before the first binds have booked anything. gpu-node-b (the fullest:
+    packed first) has room for two 40 GiB slices: the third pod goes
+    elsewhere, not to a bind that would refuse it."""
+    kube = FakeKube()
+    sched = await _ready(bus, start_scheduler, kube)
+    half = {**A100_TWO, "devices": 1, "vram_mib_per_device": 40960, "whole_device": False}
+    picked = []
+    for name in ("p1", "p2", "p3"):
+        status, out = await _post(sched.port, "filter", _bare(name, half))
+        assert status == 200 and len(out["NodeNames"]) == 1
+        picked += out["NodeNames"]
+    assert picked[:2] == ["gpu-node-b", "gpu-node-b"] and picked[2] != "gpu-node-b"
+    again = await _post(sched.port, "filter", _bare("p3", half))  # its own pick is not in its way
+    assert again[1]["NodeNames"] == picked[2:]
+
+    # p1 is booked on gpu-node-b: its pick gives way to its reservation, p2's stays
+    bind = {"PodName": "p1", "PodNamespace": "ml-team", "PodUID": "uid-p1", "Node": "gpu-node-b"}
+    status, out = await _post(sched.port, "bind", bind)
+    assert status == 200 and out["Error"] == ""
+    await until(lambda: "ml-team/p1" in sched.view.state.nodes["gpu-node-b"].reservations)
+    _, out = await _post(sched.port, "filter", _bare("p4", half))
+    assert out["NodeNames"] != ["gpu-node-b"]
+    node_b = sched.view.state.nodes["gpu-node-b"]
+    held = sched.extender.picks.on(
+        "gpu-node-b", besides="", booked=node_b.reservations.__contains__
+    )
+    assert held == [sched.extender.picks._nodes["gpu-node-b"]["uid-p2"].demand]
+    assert len(sched.extender.picks) == 3  # p2, p3, p4
+    # a bind refused lets its pick go at once
+    bind = {"PodName": "p4", "PodNamespace": "ml-team", "PodUID": "uid-p4", "Node": "nowhere"}
+    status, out = await _post(sched.port, "bind", bind)
+    assert status == 200 and "unknown to HCS" in out["Error"]
+    assert len(sched.extender.picks) == 2

@@ -309,3 +309,29 @@ def test_the_all_fit_answers_match_the_general_ones_and_drop_with_any_change() -
     assert cache.plain_scores_if_all_fit(names) is None
     fitting = cache.plain_scores_if_all_fit(passed)
     assert fitting is not None and {h["Host"] for h in json.loads(fitting)} == set(passed)
+
+
+def test_picks_last_until_booked_refused_or_expired_and_stay_bounded() -> None:
+    from scheduler.caching import Picks
+
+    now = [0.0]
+    picks = Picks(hold_s=10.0, max_pods=3, clock=lambda: now[0])
+    demand = _demand(8192)
+    booked: set[str] = set()
+    picks.add("u1", "ml/p1", "n1", demand)
+    picks.add("u2", "ml/p2", "n1", demand)
+    assert picks.on("n1", besides="u1", booked=booked.__contains__) == [demand]  # not its own
+    assert picks.on("n2", besides="", booked=booked.__contains__) == []
+    booked.add("ml/p1")  # the view holds p1's reservation now
+    assert picks.on("n1", besides="", booked=booked.__contains__) == [demand]
+    assert len(picks) == 1
+    picks.add("u2", "ml/p2", "n2", demand)  # filtered again: one pick per pod, the last
+    assert picks.on("n1", besides="", booked=booked.__contains__) == []
+    now[0] = 10.0  # its time is up
+    assert picks.on("n2", besides="", booked=booked.__contains__) == [] and len(picks) == 0
+    for i in range(5):  # whatever is sent to the port, at most max_pods are held
+        picks.add(f"x{i}", f"ml/x{i}", "n3", demand)
+    assert len(picks) == 3
+    assert len(picks.on("n3", besides="", booked=booked.__contains__)) == 3
+    picks.drop("x4")
+    assert len(picks) == 2
