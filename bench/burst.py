@@ -966,6 +966,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             ]
         report(results + pinned)
+        if cluster.revived:  # their CPU before the restart is not counted
+            print(
+                "\nhollow kubelets started again after kubemark's fake-OS map race: "
+                + ", ".join(cluster.revived)
+            )
         report_pod_cost(results, rest)
         report_rounds(results, rest)
         for run in pinned:

@@ -26,7 +26,7 @@ import yaml
 from hcs_bus.natsserver import free_port
 from tests.e2e.api import Api, ApiError, wait_for
 from tests.e2e.pki import Identity, Pki
-from tests.e2e.processes import Process, stop_all, why_dead
+from tests.e2e.processes import Process, Revive, stop_all, why_dead
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -84,6 +84,7 @@ class Cluster:
         self.pki = Pki(root / "pki")
         self.processes: list[Process] = []
         self.nodes: dict[str, Process] = {}
+        self._revive: Revive | None = None
         self.scheduler: Process | None = None
         self.api_port = free_port()
         self.server = f"https://127.0.0.1:{self.api_port}"
@@ -321,10 +322,21 @@ class Cluster:
                 argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
             env = {**os.environ, "TMPDIR": str(tmp)}
             self.nodes[name] = self._start(f"kubelet-{name}", argv, env=env)
+        if self._revive is None:
+            self._revive = Revive(self.nodes, replaced=self._replaced)
+            self._revive.start()
         for name in names:
             self.nodes[name].wait_until(
                 lambda n=name: self.node_ready(n), what=f"node {name} Ready", timeout_s=90
             )
+
+    def _replaced(self, old: Process, new: Process) -> None:
+        self.processes[self.processes.index(old)] = new
+
+    @property
+    def revived(self) -> list[str]:
+        """The hollow kubelets started again after kubemark's fake-OS race."""
+        return list(self._revive.revived) if self._revive is not None else []
 
     def node_ready(self, name: str) -> bool:
         node = self.api.get(f"/api/v1/nodes/{name}")
@@ -341,6 +353,8 @@ class Cluster:
         return why_dead(self.processes)
 
     def stop(self) -> None:
+        if self._revive is not None:
+            self._revive.stop()
         stop_all(list(reversed(self.processes)))
         shutil.rmtree(self._etcd_dir, ignore_errors=True)
         for node in self.nodes.values():  # kubemark's hollow kubelet ignores TMPDIR

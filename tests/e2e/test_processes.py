@@ -4,12 +4,13 @@ binaries needed)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.cluster import find_binaries
-from tests.e2e.processes import ClusterError, Process
+from tests.e2e.processes import ClusterError, Process, Revive, died_of_fake_os_race, stop_all
 
 
 def test_a_component_that_dies_at_start_is_named_with_its_binary_and_its_last_log_lines(
@@ -36,3 +37,69 @@ def test_a_missing_binary_folder_names_what_is_missing(
     (tmp_path / "kube-apiserver").write_text("")
     monkeypatch.setenv("HCS_KUBE_BIN", str(tmp_path))
     assert find_binaries() == f"kube-apiserver not found in HCS_KUBE_BIN={tmp_path}"
+
+
+# the head of the crash a hollow kubelet (kubemark v1.26) died of in bench.burst
+FAKE_OS_CRASH = """\
+I1127 10:45:42.539156   24903 fake_topology_manager.go:72] "AddContainer" pod="burst-hcs/hcs-0622"
+fatal error: concurrent map writes
+
+goroutine 2252 [running]:
+k8s.io/kubernetes/pkg/kubelet/container/testing.(*FakeOS).Create(0xc000e3a4b0?, {0xc00141c4e0?, 0x413a6e?})
+\t/tmp/e2e/k8s-src/pkg/kubelet/container/testing/os.go:87 +0x8e
+k8s.io/kubernetes/pkg/kubelet/kuberuntime.(*kubeGenericRuntimeManager).makeMounts(0xc00095b680)
+"""
+OTHER_CRASH = """\
+fatal error: concurrent map writes
+
+goroutine 7 [running]:
+k8s.io/kubernetes/pkg/kubelet/status.(*manager).syncPod(0xc000a)
+"""
+
+
+def _kubelet(tmp_path: Path, name: str, crash: str) -> Process:
+    """A stand-in hollow kubelet: the first run prints ``crash`` and exits 2,
+    every later one runs until stopped."""
+    (tmp_path / f"{name}.crash").write_text(crash)
+    script = tmp_path / name
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ ! -e "{tmp_path}/{name}.ran" ]; then\n'
+        f'  touch "{tmp_path}/{name}.ran"; cat "{tmp_path}/{name}.crash"; exit 2\n'
+        "fi\n"
+        "exec sleep 60\n"
+    )
+    script.chmod(0o755)
+    return Process(f"kubelet-{name}", [str(script)], logs=tmp_path / "logs")
+
+
+def test_a_hollow_kubelet_killed_by_kubemarks_fake_os_race_is_started_again_and_no_other(
+    tmp_path: Path,
+) -> None:
+    raced, other = (
+        _kubelet(tmp_path, "raced", FAKE_OS_CRASH),
+        _kubelet(tmp_path, "other", OTHER_CRASH),
+    )
+    nodes = {"raced": raced, "other": other}
+    replaced: list[tuple[Process, Process]] = []
+    started_again = threading.Event()
+
+    def on_replaced(old: Process, new: Process) -> None:
+        replaced.append((old, new))
+        started_again.set()
+
+    revive = Revive(nodes, replaced=on_replaced, every_s=0.05)
+    revive.start()
+    try:
+        assert started_again.wait(timeout=10) and revive.revived == ["raced"]
+        fresh = nodes["raced"]
+        assert fresh is not raced and fresh.alive and replaced == [(raced, fresh)]
+        assert fresh.log == raced.log and "concurrent map writes" in fresh.log.read_text()
+        assert not other.alive and nodes["other"] is other  # its crash is not the test double's
+        assert died_of_fake_os_race(raced) and not died_of_fake_os_race(other)
+        assert not died_of_fake_os_race(fresh)  # running
+        fresh.stop()  # stopped, its log still holding the crash of the run before it
+        assert not fresh.alive and not died_of_fake_os_race(fresh)
+    finally:
+        revive.stop()
+        stop_all(list(nodes.values()))
