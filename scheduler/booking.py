@@ -53,8 +53,8 @@ from scheduler import ledger, pods
 from scheduler.batching import Batches
 from scheduler.collectives import collective_annotations
 from scheduler.ledger import BindingOutcome
-from scheduler.placing import Demand, check_node, choose_devices
-from scheduler.state import ClusterState, NodeView, booked
+from scheduler.placing import Demand, check_node, choose_devices, slices_for
+from scheduler.state import ClusterState, DeviceView, NodeView, booked
 
 _log = logger("hcs.scheduler.booking")
 _meter = meter("hcs.scheduler")
@@ -353,21 +353,12 @@ class Booker:
         return found
 
     def _reservation(
-        self, pod: pods.PodInfo, demand: Demand, *, fit_devices: list[Any], pledge: str = ""
+        self, pod: pods.PodInfo, demand: Demand, *, fit_devices: list[DeviceView], pledge: str = ""
     ) -> Reservation:
-        slices = tuple(
-            DeviceSlice(
-                index=d.index,
-                uuid=d.fp.uuid,
-                vram_mib=d.fp.vram_total_mib if demand.whole_device else demand.vram_mib_per_device,
-                whole=demand.whole_device,
-            )
-            for d in fit_devices
-        )
         acu = demand.acu_per_device * demand.devices
         return Reservation(
             pod=pod.ref,
-            devices=slices,
+            devices=slices_for(fit_devices, demand),
             state="reserved",
             time_s=self.clock(),
             vendor=demand.vendor,

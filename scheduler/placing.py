@@ -33,10 +33,10 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hcs_bus.messages import NodeReservations, Reservation
+from hcs_bus.messages import DeviceSlice, NodeReservations, Reservation
 from hcs_bus.settings import SchedulerSettings
 from scheduler.pods import PlanAnnotation
-from scheduler.state import NETWORK_LABELS, DeviceView, NodeView, booked
+from scheduler.state import NETWORK_LABELS, DeviceView, NodeView, booked, hold_slices
 
 Demand = PlanAnnotation
 MAX_EXACT_DEVICES = 16
@@ -268,17 +268,22 @@ def fits_after(
     copy = booked(node, doc)
     for i, other in enumerate(others):
         fit = check_node(copy, other)
-        if not fit.ok:
-            continue
-        owner = f"(picked {i})"
-        for device in choose_devices(fit, other):
-            if other.whole_device:
-                device.reserved_mib += device.fp.vram_total_mib
-                device.whole_owner = owner
-            else:
-                device.reserved_mib += other.vram_mib_per_device
-                device.slice_owners.add(owner)
+        if fit.ok:
+            hold_slices(copy, f"(picked {i})", slices_for(choose_devices(fit, other), other))
     return check_node(copy, demand).ok
+
+
+def slices_for(devices: Iterable[DeviceView], demand: Demand) -> tuple[DeviceSlice, ...]:
+    """What ``demand`` takes of each of the chosen ``devices``."""
+    return tuple(
+        DeviceSlice(
+            index=d.index,
+            uuid=d.fp.uuid,
+            vram_mib=d.fp.vram_total_mib if demand.whole_device else demand.vram_mib_per_device,
+            whole=demand.whole_device,
+        )
+        for d in devices
+    )
 
 
 def victims_for(

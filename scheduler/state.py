@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from hcs_bus import vocabulary
 from hcs_bus.messages import (
     DeviceFingerprint,
+    DeviceSlice,
     HealthEvent,
     NodeFingerprint,
     NodeReservations,
@@ -294,16 +295,20 @@ def _book(node: NodeView, doc: NodeReservations | None) -> None:
             continue
         key = pod_key(reservation.pod.namespace, reservation.pod.name)
         node.reservations[key] = reservation
-        for slice_ in reservation.devices:
-            held = node.devices.get(slice_.index)
-            if held is None:
-                continue
-            device = held
-            device.reserved_mib += slice_.vram_mib
-            if slice_.whole:
-                device.whole_owner = key
-            else:
-                device.slice_owners.add(key)
+        hold_slices(node, key, reservation.devices)
+
+
+def hold_slices(node: NodeView, owner: str, slices: Iterable[DeviceSlice]) -> None:
+    """Book ``slices`` on ``node``'s devices for ``owner``."""
+    for slice_ in slices:
+        device = node.devices.get(slice_.index)
+        if device is None:
+            continue
+        device.reserved_mib += slice_.vram_mib
+        if slice_.whole:
+            device.whole_owner = owner
+        else:
+            device.slice_owners.add(owner)
 
 
 def booked(node: NodeView, doc: NodeReservations | None) -> NodeView:

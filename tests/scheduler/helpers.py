@@ -243,3 +243,10 @@ class FakeKube:
 
     async def list_pods(self, **_selectors: Any) -> list[dict[str, Any]]:
         return list(self.pods.values())
+
+
+def a100_slice(mib: int, *, whole: bool = False) -> PlanAnnotation:
+    """The plan note of one A100-80G device: a ``mib`` slice, or the whole device."""
+    return PlanAnnotation(
+        vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=mib, whole_device=whole
+    )

@@ -18,11 +18,12 @@ from scheduler import extenders as wire
 from scheduler import placing
 from scheduler.caching import NodeCache, PodMemo
 from scheduler.extending import serve
-from scheduler.pods import PlanAnnotation, PodInfo
+from scheduler.pods import PodInfo
 from scheduler.serving import ask_plan
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import (
     A100_TWO,
+    a100_slice,
     k8s_doc,
     node_fp,
     pod,
@@ -188,22 +189,12 @@ async def test_many_demands_and_names_over_http_keep_only_known_nodes_in_bounded
     assert len(sched.extender.pods) == 100
 
 
-def _demand(i: int) -> PlanAnnotation:
-    return PlanAnnotation(
-        vendor="nvidia",
-        model="A100-80G",
-        devices=1,
-        vram_mib_per_device=i,
-        whole_device=False,
-    )
-
-
 def test_demand_caches_hold_at_most_their_entry_budget_and_still_answer_past_it() -> None:
     state = state_of(*(node_fp(f"n{i}") for i in range(40)))
     cache = NodeCache(state, weights=_weights(), max_demands=8, max_entries=100)
     names = [f"n{i}" for i in range(40)]
     for i in range(50):
-        passed, failed, never = cache.of(_demand(1000 + i)).filter([*names, "ghost"])
+        passed, failed, never = cache.of(a100_slice(1000 + i)).filter([*names, "ghost"])
         assert passed == names and not failed and set(never) == {"ghost"}
         held = sum(len(c.entries) for c in cache._by_demand.values())
         assert cache.budget.used == held <= 100
@@ -216,11 +207,11 @@ def test_demand_caches_hold_at_most_their_entry_budget_and_still_answer_past_it(
 def test_the_least_recently_used_demand_goes_first() -> None:
     state = state_of(node_fp("n0"))
     cache = NodeCache(state, weights=_weights(), max_demands=2)
-    first = cache.of(_demand(1))
-    cache.of(_demand(2))
-    assert cache.of(_demand(1)) is first  # used again: now the newest
-    cache.of(_demand(3))
-    assert cache.of(_demand(1)) is first and cache.demands == 2
+    first = cache.of(a100_slice(1))
+    cache.of(a100_slice(2))
+    assert cache.of(a100_slice(1)) is first  # used again: now the newest
+    cache.of(a100_slice(3))
+    assert cache.of(a100_slice(1)) is first and cache.demands == 2
 
 
 def _pod(uid: str, *, name: str = "p") -> PodInfo:
@@ -262,7 +253,7 @@ def test_the_best_node_is_the_first_of_the_highest_scores_whether_or_not_entries
     for node, used in (("n2", 2), ("n4", 5)):  # bin-packing prefers the fuller node
         held = tuple(reservation("ml", f"{node}-{i}", [(i, 81920, True)]) for i in range(used))
         state.apply_reservations(node, NodeReservations(node=node, reservations=held))
-    cache = NodeCache(state, weights=_weights(), max_entries=max_entries).of(_demand(8192))
+    cache = NodeCache(state, weights=_weights(), max_entries=max_entries).of(a100_slice(8192))
     names = [f"n{i}" for i in range(6)]
     scores = {n: cache.entry(n).score for n in names}
     assert scores["n4"] > scores["n2"] > scores["n0"] == scores["n1"] == scores["n3"]
@@ -283,7 +274,7 @@ def test_the_all_fit_answers_match_the_general_ones_and_drop_with_any_change() -
 
     state = state_of(*(node_fp(f"n{i}") for i in range(5)))
     nodes = NodeCache(state, weights=_weights())
-    cache = nodes.of(_demand(8192))
+    cache = nodes.of(a100_slice(8192))
     names = [f"n{i}" for i in range(5)]
     assert cache.best_if_all_fit(names) is None  # nothing kept yet: the general path
     assert cache.plain_scores_if_all_fit(names) is None
@@ -316,7 +307,7 @@ def test_picks_last_until_booked_refused_or_expired_and_stay_bounded() -> None:
 
     now = [0.0]
     picks = Picks(hold_s=10.0, max_pods=3, clock=lambda: now[0])
-    demand = _demand(8192)
+    demand = a100_slice(8192)
     booked: set[str] = set()
     picks.add("u1", "ml/p1", "n1", demand)
     picks.add("u2", "ml/p2", "n1", demand)

@@ -8,7 +8,7 @@ from hcs_bus.messages import NodeReservations
 from scheduler import placing
 from scheduler.pods import PlanAnnotation
 from scheduler.state import booked
-from tests.scheduler.helpers import dev, node_fp, state_of
+from tests.scheduler.helpers import a100_slice, dev, node_fp, state_of
 from tests.view.factories import reservation, verdict
 
 SLICE = PlanAnnotation(
@@ -213,25 +213,15 @@ def test_fragmentation_counts_free_vram_in_pieces_too_small() -> None:
     assert booked(state.nodes["n1"], None).devices[0].free_mib == 81920
 
 
-def _slice(mib: int, *, whole: bool = False) -> PlanAnnotation:
-    return PlanAnnotation(
-        vendor="nvidia",
-        model="A100-80G",
-        devices=1,
-        vram_mib_per_device=mib,
-        whole_device=whole,
-    )
-
-
 def test_room_after_picks_counts_each_picked_pod_on_the_devices_a_bind_would_give_it() -> None:
     state = state_of(node_fp("n", count=2))  # two 80 GiB devices
     held = NodeReservations(node="n", reservations=(reservation("ml", "a", [(0, 81920, True)]),))
     node = state.nodes["n"]
-    forty, whole = _slice(40960), _slice(81920, whole=True)
+    forty, whole = a100_slice(40960), a100_slice(81920, whole=True)
     assert placing.fits_after(node, held, [forty], forty)  # 80 GiB free on device 1
     assert not placing.fits_after(node, held, [forty, forty], forty)
     assert not placing.fits_after(node, held, [whole], forty)
     # a picked pod that no longer fits anyway takes nothing
-    assert placing.fits_after(node, held, [_slice(81920 * 2)], forty)
+    assert placing.fits_after(node, held, [a100_slice(81920 * 2)], forty)
     assert placing.fits_after(node, None, [whole, forty], forty)  # nothing held: two devices
     assert node.devices[1].reserved_mib == 0  # the node itself is left as it was
