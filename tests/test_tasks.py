@@ -74,3 +74,20 @@ def test_a_started_part_takes_what_it_holds_out_of_the_cycle_collector() -> None
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+def test_a_part_runs_on_uvloop_and_bad_settings_are_one_line_and_status_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    loops: list[str] = []
+
+    async def main() -> None:
+        loops.append(type(asyncio.get_running_loop()).__module__)
+
+    async def misconfigured() -> None:
+        raise tasks.ConfigError("HCS_BUS__URL: not a nats:// URL")
+
+    assert tasks.run_part(main, service="hcs-test") == 0
+    assert loops == ["uvloop"]
+    assert tasks.run_part(misconfigured, service="hcs-test") == 2
+    assert capsys.readouterr().err == "hcs-test: HCS_BUS__URL: not a nats:// URL\n"

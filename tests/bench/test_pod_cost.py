@@ -34,12 +34,14 @@ def test_the_load_at_rest_is_taken_off_before_the_cost_per_pod(
 def test_a_process_busier_than_at_rest_costs_per_pod_and_the_ratio_follows(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    plain = _burst("plain", wall_s=10.0, running=500, apiserver=11.0)
-    hcs = _burst("hcs", wall_s=10.0, running=500, apiserver=16.0)
-    report_pod_cost([plain, hcs], {"apiserver": 0.1})
+    plain = _burst("plain", wall_s=10.0, running=500, apiserver=11.0, kubelets=6.0)
+    hcs = _burst("hcs", wall_s=10.0, running=500, apiserver=16.0, kubelets=16.0)
+    report_pod_cost([plain, hcs], {"apiserver": 0.1, "kubelets": 0.2})
     out = capsys.readouterr().out
     assert "apiserver" in out and "20.0" in out and "30.0" in out and "+10.0" in out
-    assert "predicts for pods/s): 0.67" in out
+    # (20 + 8) ms against (30 + 28) ms per pod, and 20 against 30 without the kubelets
+    assert "predicts for pods/s): 0.48" in out
+    assert "its node's CPU): 0.67" in out
 
 
 def test_rounds_give_each_back_to_back_pairs_ratio_and_their_median(
