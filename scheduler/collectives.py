@@ -86,10 +86,11 @@ def all_linked(
 ) -> bool:
     """Whether every pair of ``chosen`` is joined by a link of one of ``kinds``
     (listed by either side); trivially true for fewer than two devices."""
+    distinct = dict.fromkeys(chosen)
+    if len(distinct) < 2:  # a slice or one device: no pair to look up the links for
+        return True
     pairs = _linked_pairs(devices.values(), kinds=kinds)
-    return all(
-        frozenset(pair) in pairs for pair in itertools.combinations(dict.fromkeys(chosen), 2)
-    )
+    return all(frozenset(pair) in pairs for pair in itertools.combinations(distinct, 2))
 
 
 def _linked_pairs(
