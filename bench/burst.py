@@ -865,15 +865,23 @@ def pinned_burst(
     )
 
 
-def report_pinned(hcs: dict[str, Any], pinned: dict[str, Any], rest: dict[str, float]) -> None:
+def report_pinned(
+    plain: dict[str, Any], hcs: dict[str, Any], pinned: dict[str, Any], rest: dict[str, float]
+) -> None:
     """HCS against plain pods placed as HCS placed its own: the ratio without
     the placement policy's share (a kubelet starts pods at its API client's
-    rate, so pods per node set the burst's end)."""
+    rate, so pods per node set the burst's end); and that share: the pinned
+    plain burst against the free one, the ratio HCS would reach at no cost."""
     print(
         f"\nsame placement ({pinned['label']}: plain pods pinned to the nodes {hcs['label']} used, "
         f"as many per node): {pinned['pods_per_s']:.1f} pods/s, {hcs['label']} "
         f"{hcs['pods_per_s']:.1f}; ratio {pods_ratio(pinned, hcs):.2f}, "
         f"by CPU {cpu_ratio(pinned, hcs, rest):.2f}"
+    )
+    print(
+        f"  the placement alone: {pinned['label']} ran at {pods_ratio(plain, pinned):.2f} of "
+        f"{plain['label']} ({plain['pods_per_s']:.1f} pods/s), the ratio an HCS path that "
+        "cost nothing would reach with it"
     )
 
 
@@ -993,7 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
         report_pod_cost(results, rest)
         report_rounds(results, rest)
         for run in pinned:
-            report_pinned(results[-1], run, rest)
+            report_pinned(results[-2], results[-1], run, rest)
     finally:
         if stack is not None:
             stack.stop()

@@ -44,6 +44,8 @@ def test_the_same_placement_ratio_is_hcs_over_the_pinned_plain_burst(
             "cpu_s": {"kubelets": ("kube", cpu)},
         }
 
-    report_pinned(run("hcs", 30.0, 5.0), run("plainpin", 40.0, 4.0), {"kubelets": 0.0})
+    plain, hcs, pinned = run("plain", 50.0, 3.0), run("hcs", 30.0, 5.0), run("plainpin", 40.0, 4.0)
+    report_pinned(plain, hcs, pinned, {"kubelets": 0.0})
     out = capsys.readouterr().out
     assert "40.0 pods/s, hcs 30.0; ratio 0.75, by CPU 0.80" in out
+    assert "plainpin ran at 0.80 of plain (50.0 pods/s)" in out
