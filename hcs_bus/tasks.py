@@ -147,7 +147,7 @@ def run_part(main: Callable[[], Coroutine[Any, Any, None]], *, service: str) -> 
     settings are one line on stderr naming the setting (status 2), not a
     traceback. The loop is uvloop's (libuv's transports and scheduling, in
     C): in bench.burst the scheduler's CPU per pod went from 6.6 ms on
-    asyncio's own loop to 5.4 to 5.7 ms, the injector's from 1.8 to 1.5 to
+    asyncio's own loop to 5.2 to 5.7 ms, the injector's from 1.8 to 1.5 to
     1.7 ms."""
     try:
         uvloop.run(main())

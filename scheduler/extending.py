@@ -159,8 +159,7 @@ class Extender:
         if isinstance(demand, str):  # a planning refusal: neither capacity nor preemption helps
             return self._filtered(args, names, [], {}, nowhere(names, demand))
         cache = self.cache.of(demand)
-        single = demand.devices == 1 and self.cache.job_groups(pod) is None
-        if self.pick_in_filter and not pod.kube_scores and single:
+        if self.pick_in_filter and not pod.kube_scores and self._plain(pod, demand):
             best = cache.best_if_all_fit(names)  # every node fits: the common answer
             if best is not None:
                 best = await self._picked(pod, cache, demand, names, best)
@@ -191,20 +190,29 @@ class Extender:
         booked there yet would leave no room for this one, the best of
         ``names`` they leave room on (``first`` again if none). Remembered
         as this pod's pick until it is booked."""
-        best, tried = first, set()
+        best = await self._roomy(pod, cache, demand, names, first)
+        self.picks.add(pod.ref.uid, pod_key(pod.ref.namespace, pod.ref.name), best, demand)
+        return best
+
+    async def _roomy(
+        self,
+        pod: PodInfo,
+        cache: caching.DemandCache,
+        demand: PlanAnnotation,
+        names: list[str],
+        first: str,
+    ) -> str:
+        tried: set[str] = set()
+        best = first
         for _ in range(MAX_PICK_TRIES):
             if self._room_after_picks(pod, best, demand):
-                break
+                return best
             tried.add(best)
             rest = [n for n in names if n not in tried]
             if not rest:
-                best = first
                 break
             best = await self._best(pod, cache, rest)
-        else:
-            best = first
-        self.picks.add(pod.ref.uid, pod_key(pod.ref.namespace, pod.ref.name), best, demand)
-        return best
+        return first
 
     def _room_after_picks(self, pod: PodInfo, name: str, demand: PlanAnnotation) -> bool:
         node = self.view.state.nodes.get(name)
@@ -221,10 +229,15 @@ class Extender:
         alone, kube-scheduler takes it without scoring (a single feasible node)
         and never calls prioritize; the other fitting nodes are left out, not
         failed, so no reason is invented for them."""
-        if cache.demand.devices == 1 and self.cache.job_groups(pod) is None:
+        if self._plain(pod, cache.demand):
             return cache.best(passed)
         scores = await self._scores(pod, cache, passed)
         return passed[scores.index(max(scores))]
+
+    def _plain(self, pod: PodInfo, demand: PlanAnnotation) -> bool:
+        """Whether each node's score for ``pod`` is its cached one: a single
+        device, and no job of the pod's placed yet (no links or groups to weigh)."""
+        return demand.devices == 1 and self.cache.job_groups(pod) is None
 
     async def _scores(
         self, pod: PodInfo, cache: caching.DemandCache, names: list[str]
@@ -297,7 +310,7 @@ class Extender:
         if isinstance(demand, str):
             return [wire.HostPriority(host=n, score=0) for n in names]
         cache = self.cache.of(demand)
-        if demand.devices == 1 and self.cache.job_groups(pod) is None:
+        if self._plain(pod, demand):
             whole = cache.plain_scores_if_all_fit(names)
             if whole is not None:
                 return msgspec.Raw(whole)
