@@ -448,15 +448,49 @@ def api_requests(scraped: Samples) -> collections.Counter[str]:
     return out
 
 
-def clear(cluster: Cluster, namespace: str) -> None:
-    """Delete a burst's namespace and wait until its pods are gone (the next
-    burst must not pay for this one's pods on the kubelets)."""
+def clear(cluster: Cluster, stack: Stack, namespace: str, rest: dict[str, float]) -> None:
+    """Delete a burst's namespace, wait until its pods are gone, then until the
+    machine is back at its load at rest (``quiet``): the next burst must not
+    pay for this one's pods on the kubelets or in HCS."""
     cluster.api.delete(f"/api/v1/namespaces/{namespace}")
     wait_for(
         lambda: not cluster.api.items(f"/api/v1/namespaces/{namespace}/pods?limit=1"),
         what=f"pods of {namespace} deleted",
         timeout_s=300,
     )
+    waited, calm = quiet(cluster, stack, rest)
+    print(
+        f"  {namespace} cleared; {'at rest' if calm else 'still busy'} after {waited:.0f} s",
+        flush=True,
+    )
+
+
+def quiet(
+    cluster: Cluster,
+    stack: Stack,
+    rest: dict[str, float],
+    *,
+    window_s: float = 2.0,
+    timeout_s: float = 120.0,
+) -> tuple[float, bool]:
+    """Wait until every process together is back near its load at rest. A pod
+    is gone from the apiserver before its kubelet has torn it down and before
+    HCS has released its devices (KV writes, metering, quota status); whichever
+    burst came next would pay for that. Returns the seconds waited and whether
+    it got there before ``timeout_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        load = at_rest(cluster, stack, seconds=window_s)  # the measuring window itself
+        if settled(load, rest):
+            return time.monotonic() - started, True
+    return time.monotonic() - started, False
+
+
+def settled(load: dict[str, float], rest: dict[str, float], *, margin: float = 0.1) -> bool:
+    """Whether the machine's CPU seconds per second, all processes together,
+    are within ``margin`` of a core (and a quarter) of their sum at rest."""
+    at_rest_total = sum(rest.values())
+    return sum(load.values()) <= at_rest_total * 1.25 + margin
 
 
 def node_spread(
@@ -845,12 +879,13 @@ def pinned_burst(
     hcs: dict[str, Any],
     *,
     names: list[str],
+    rest: dict[str, float],
     workers: int,
     settle_s: float,
 ) -> dict[str, Any]:
     """Plain pods, each held to the node of one of ``hcs``'s started pods."""
     nodes = hcs["placement"]
-    clear(cluster, hcs["namespace"])
+    clear(cluster, stack, hcs["namespace"], rest)
     most = max(collections.Counter(nodes).values(), default=0)
     advertise_plain(cluster, names, per_node=most + 2)
     print(f"plainpin burst: {len(nodes)} pods on the {hcs['label']} burst's nodes", flush=True)
@@ -965,7 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for label, kinds in runs:
             if results:
-                clear(cluster, results[-1]["namespace"])
+                clear(cluster, stack, results[-1]["namespace"], rest)
             print(f"{label} burst: {len(kinds)} pods, {args.workers} clients", flush=True)
             results.append(
                 burst(
@@ -988,6 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
                     stack,
                     results[-1],
                     names=names,
+                    rest=rest,
                     workers=args.workers,
                     settle_s=args.settle_s,
                 )

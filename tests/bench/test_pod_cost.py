@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.burst import API, api_requests, node_spread, report_pod_cost, report_rounds
+from bench.burst import (
+    API,
+    api_requests,
+    node_spread,
+    report_pod_cost,
+    report_rounds,
+    settled,
+)
 
 
 def _burst(label: str, *, wall_s: float, running: int, **cpu_s: float) -> dict:
@@ -102,3 +109,13 @@ def test_api_requests_are_counted_by_verb_and_resource_from_the_api_servers_samp
     }
     assert api_requests(scraped) == {"POST pods": 4, "POST pods/binding": 2}
     assert api_requests({}) == {}
+
+
+def test_the_next_burst_waits_until_all_processes_together_are_back_near_rest() -> None:
+    rest = {"kubelets": 0.3, "scheduler": 0.05, "kube-apiserver": 0.05}  # 0.4 in all
+    # kubelets still tearing the last burst's pods down: 0.9 > 0.4 × 1.25 + 0.1
+    assert not settled({"kubelets": 0.8, "scheduler": 0.05, "kube-apiserver": 0.05}, rest)
+    # HCS still releasing devices, though the kubelets are quiet: 0.8 > 0.6
+    assert not settled({"kubelets": 0.3, "scheduler": 0.45, "kube-apiserver": 0.05}, rest)
+    assert settled({"kubelets": 0.4, "scheduler": 0.1, "kube-apiserver": 0.1}, rest)  # 0.6
+    assert settled({"kubelets": 0.2, "scheduler": 0.0}, rest)
