@@ -68,6 +68,27 @@ def test_rounds_give_each_back_to_back_pairs_ratio_and_their_median(
     assert "median ratio 0.60 (min 0.50, max 0.80; by CPU 0.50" in out
 
 
+def test_rounds_where_a_kubelet_restarted_are_marked_and_left_out_of_a_second_median(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = []
+    for plain_s, hcs_s, revived in (
+        (40.0, 20.0, ["burst-020"]),
+        (30.0, 24.0, []),
+        (50.0, 35.0, []),
+    ):
+        plain = _burst("plain", wall_s=10.0, running=100, kubelets=2.0)
+        hcs = _burst("hcs", wall_s=10.0, running=100, kubelets=4.0)
+        plain["pods_per_s"], hcs["pods_per_s"], hcs["revived"] = plain_s, hcs_s, revived
+        results += [plain, hcs]
+    report_rounds(results, {"kubelets": 0.0})
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert ["restarted" in row for row in rows] == [True, False, False]
+    assert "median ratio 0.70 (min 0.50" in out  # 0.50, 0.80, 0.70: all rounds
+    assert "median of the 2 rounds without a restarted kubelet: 0.75" in out
+
+
 def test_one_round_prints_no_rounds_table(capsys: pytest.CaptureFixture[str]) -> None:
     plain = _burst("plain", wall_s=10.0, running=100, kubelets=2.0)
     hcs = _burst("hcs", wall_s=10.0, running=100, kubelets=4.0)
