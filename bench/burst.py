@@ -320,6 +320,7 @@ def burst(
         "pending": len(pending),
         "pending_reasons": _reasons(pending),
         "spread": spread,
+        "volumes": volumes(items),
         "create_errors": errors[:5],
         "create_error_count": len(errors),
         "double_booked": [] if label.startswith("plain") else double_booked(stack, items),
@@ -537,6 +538,18 @@ def node_spread(
     }
 
 
+def volumes(pods: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
+    """Volumes per pod, by RuntimeClass ("" for none): (pods, mean volumes).
+    A kubelet works on each volume of each pod it runs about ten times a
+    second (bench.hold), so a burst whose pods carry more costs the kubelets
+    more for as long as it goes on."""
+    found: dict[str, list[int]] = collections.defaultdict(list)
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        found[spec.get("runtimeClassName") or ""].append(len(spec.get("volumes") or []))
+    return {rc: (len(counts), statistics.fmean(counts)) for rc, counts in sorted(found.items())}
+
+
 def _reasons(pending: list[dict[str, Any]]) -> list[tuple[int, str]]:
     counts: collections.Counter[str] = collections.Counter()
     for pod in pending:
@@ -719,6 +732,15 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"most {sp['max']} ({sp['busiest']}, its last started at "
                 f"{sp['busiest_done_s']:.1f} s; the burst's last at {sp['last_done_s']:.1f} s)"
             )
+    print("volumes per pod (each is kubelet work while its pod runs), by RuntimeClass:")
+    for r in results:
+        by_class = r.get("volumes") or {}
+        pods = sum(n for n, _ in by_class.values())
+        mean = sum(n * v for n, v in by_class.values()) / max(pods, 1)
+        print(
+            f"  {r['label']:<8} {mean:.1f} = "
+            + ", ".join(f"{rc or 'none'} {n} x {v:.1f}" for rc, (n, v) in by_class.items())
+        )
     plain, hcs = results[0], results[1]
     print(f"\nratio {hcs['label']}/plain pods/s: {pods_ratio(plain, hcs):.2f} (target >= 0.8)")
     for r in results:

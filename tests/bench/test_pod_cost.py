@@ -12,6 +12,7 @@ from bench.burst import (
     report_pod_cost,
     report_rounds,
     settled,
+    volumes,
 )
 
 
@@ -111,6 +112,17 @@ def test_the_spread_names_the_busiest_node_and_when_its_last_pod_started() -> No
     assert spread["median"] == 2  # of 3 and 1
     assert spread["busiest_done_s"] == 4.0 and spread["last_done_s"] == 7.0
     assert node_spread({}, {}, start=started)["nodes"] == 0
+
+
+def test_volumes_per_pod_are_counted_by_runtime_class() -> None:
+    def pod(runtime_class: str | None, count: int) -> dict:
+        spec: dict = {"volumes": [{"name": f"v{i}"} for i in range(count)]}
+        if runtime_class:
+            spec["runtimeClassName"] = runtime_class
+        return {"spec": spec}
+
+    pods = [pod("nvidia", 2), pod("nvidia", 2), pod("hygon", 7), pod(None, 1), {"spec": {}}]
+    assert volumes(pods) == {"": (2, 0.5), "hygon": (1, 7.0), "nvidia": (2, 2.0)}
 
 
 def test_api_requests_are_counted_by_verb_and_resource_from_the_api_servers_samples() -> None:
