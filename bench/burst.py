@@ -501,7 +501,7 @@ def quiet(
 
 def settled(load: dict[str, float], rest: dict[str, float], *, margin: float = 0.1) -> bool:
     """Whether the machine's CPU seconds per second, all processes together,
-    are within ``margin`` of a core (and a quarter) of their sum at rest."""
+    are at most a quarter above their sum at rest, plus ``margin`` of a core."""
     at_rest_total = sum(rest.values())
     return sum(load.values()) <= at_rest_total * 1.25 + margin
 

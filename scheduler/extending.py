@@ -190,29 +190,17 @@ class Extender:
         booked there yet would leave no room for this one, the best of
         ``names`` they leave room on (``first`` again if none). Remembered
         as this pod's pick until it is booked."""
-        best = await self._roomy(pod, cache, demand, names, first)
-        self.picks.add(pod.ref.uid, pod_key(pod.ref.namespace, pod.ref.name), best, demand)
-        return best
-
-    async def _roomy(
-        self,
-        pod: PodInfo,
-        cache: caching.DemandCache,
-        demand: PlanAnnotation,
-        names: list[str],
-        first: str,
-    ) -> str:
         tried: set[str] = set()
         best = first
-        for _ in range(MAX_PICK_TRIES):
-            if self._room_after_picks(pod, best, demand):
-                return best
+        while not self._room_after_picks(pod, best, demand):
             tried.add(best)
             rest = [n for n in names if n not in tried]
-            if not rest:
+            if not rest or len(tried) >= MAX_PICK_TRIES:
+                best = first
                 break
             best = await self._best(pod, cache, rest)
-        return first
+        self.picks.add(pod.ref.uid, pod_key(pod.ref.namespace, pod.ref.name), best, demand)
+        return best
 
     def _room_after_picks(self, pod: PodInfo, name: str, demand: PlanAnnotation) -> bool:
         node = self.view.state.nodes.get(name)
