@@ -57,15 +57,15 @@ k8s.io/kubernetes/pkg/kubelet/status.(*manager).syncPod(0xc000a)
 """
 
 
-def _kubelet(tmp_path: Path, name: str, crash: str) -> Process:
-    """A stand-in hollow kubelet: the first run prints ``crash`` and exits 2,
-    every later one runs until stopped."""
+def _kubelet(tmp_path: Path, name: str, crash: str, *, after_s: float = 0) -> Process:
+    """A stand-in hollow kubelet: the first run prints ``crash`` and exits 2
+    (``after_s`` after it starts), every later one runs until stopped."""
     (tmp_path / f"{name}.crash").write_text(crash)
     script = tmp_path / name
     script.write_text(
         "#!/bin/sh\n"
         f'if [ ! -e "{tmp_path}/{name}.ran" ]; then\n'
-        f'  touch "{tmp_path}/{name}.ran"; cat "{tmp_path}/{name}.crash"; exit 2\n'
+        f'  touch "{tmp_path}/{name}.ran"; sleep {after_s}; cat "{tmp_path}/{name}.crash"; exit 2\n'
         "fi\n"
         "exec sleep 60\n"
     )
@@ -78,7 +78,7 @@ def test_a_hollow_kubelet_killed_by_kubemarks_fake_os_race_is_started_again_and_
 ) -> None:
     raced, other = (
         _kubelet(tmp_path, "raced", FAKE_OS_CRASH),
-        _kubelet(tmp_path, "other", OTHER_CRASH),
+        _kubelet(tmp_path, "other", OTHER_CRASH, after_s=0.5),  # dies after raced is back
     )
     nodes = {"raced": raced, "other": other}
     replaced: list[tuple[Process, Process]] = []
@@ -88,10 +88,22 @@ def test_a_hollow_kubelet_killed_by_kubemarks_fake_os_race_is_started_again_and_
         replaced.append((old, new))
         started_again.set()
 
-    revive = Revive(nodes, replaced=on_replaced, every_s=0.05)
+    judged: dict[str, bool] = {}
+    both_judged = threading.Event()
+
+    def revivable(process: Process) -> bool:  # Revive's own rule, watched
+        judged[process.name] = verdict = died_of_fake_os_race(process)
+        if {"kubelet-raced", "kubelet-other"} <= judged.keys():
+            both_judged.set()
+        return verdict
+
+    revive = Revive(nodes, revivable=revivable, replaced=on_replaced, every_s=0.05)
     revive.start()
     try:
-        assert started_again.wait(timeout=10) and revive.revived == ["raced"]
+        # each stand-in dies on its own schedule: wait until Revive has seen both deaths
+        assert started_again.wait(timeout=10) and both_judged.wait(timeout=10)
+        assert judged == {"kubelet-raced": True, "kubelet-other": False}
+        assert revive.revived == ["raced"]
         fresh = nodes["raced"]
         assert fresh is not raced and fresh.alive and replaced == [(raced, fresh)]
         assert fresh.log == raced.log and "concurrent map writes" in fresh.log.read_text()
