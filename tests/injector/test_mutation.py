@@ -229,7 +229,7 @@ async def test_dry_run_asks_for_a_dry_run_plan_and_still_patches(
     assert responder.requests[0].dry_run is True
 
 
-async def test_huawei_plan_mounts_driver_read_only_and_uses_ascend_env(
+async def test_huawei_plan_mounts_only_what_the_ascend_runtime_leaves_out_read_only(
     webhook: Webhook, responder: Responder
 ) -> None:
     responder.plan = Plan(
@@ -242,8 +242,14 @@ async def test_huawei_plan_mounts_driver_read_only_and_uses_ascend_env(
     assert field_path(env["ASCEND_VISIBLE_DEVICES"]) == DEVICES_REF
     assert env["HCCL_CONNECT_TIMEOUT"]["value"] == "1800"
     assert "/usr/local/Ascend/driver/lib64" in env["LD_LIBRARY_PATH"]["value"]
-    driver = next(m for m in container["volumeMounts"] if m["name"] == "hcs-ascend-driver")
-    assert driver["readOnly"] is True
+    # the Ascend Docker Runtime mounts driver lib64, dcmi and npu-smi itself:
+    # only the two files its default list leaves out are hostPath volumes
+    mounted = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert "/usr/local/Ascend/driver" not in mounted and "/usr/local/dcmi" not in mounted
+    info = mounted["/etc/ascend_install.info"]
+    assert info["readOnly"] is True and mounted["/usr/local/Ascend/driver/version.info"]["readOnly"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[info["name"]]["hostPath"] == {"path": "/etc/ascend_install.info", "type": "File"}
     assert pod["spec"]["runtimeClassName"] == "ascend"
 
 
