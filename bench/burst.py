@@ -42,9 +42,11 @@ rate and the busiest node sets a burst's end.
 ``--placement spread`` runs the scheduler with ``HCS_SCHEDULER__PLACEMENT=spread``
 (the class with the most VRAM free, the emptiest nodes) instead of ``pack``.
 
-``--rounds N`` runs the two bursts N times in turn (plain, HCS, plain, …)
-and prints each back-to-back pair's ratio and their median: this machine's
-speed drifts by more than a small change moves one ratio.
+``--rounds N`` runs the two bursts N times, back to back, plain first in odd
+rounds and HCS first in even ones (plain, HCS, HCS, plain, …), and prints
+each pair's ratio and their median: this machine's speed drifts by more than
+a small change moves one ratio, and a fixed order would hand the drift to
+whichever burst always runs second.
 
 Between bursts the last one's namespace is deleted and the next waits until
 every process together is back near its load at rest (a kubelet tears a pod
@@ -741,7 +743,7 @@ def report(results: list[dict[str, Any]]) -> None:
             f"  {r['label']:<8} {mean:.1f} = "
             + ", ".join(f"{rc or 'none'} {n} x {v:.1f}" for rc, (n, v) in by_class.items())
         )
-    plain, hcs = results[0], results[1]
+    plain, hcs = pairs(results)[0]
     print(f"\nratio {hcs['label']}/plain pods/s: {pods_ratio(plain, hcs):.2f} (target >= 0.8)")
     for r in results:
         if r.get("revived"):
@@ -796,7 +798,7 @@ def report(results: list[dict[str, Any]]) -> None:
 def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> None:
     """CPU per pod of each process, less its load at rest over the burst's
     window: what the pods themselves cost, and what the HCS path adds."""
-    plain, hcs = results[0], results[1]
+    plain, hcs = pairs(results)[0]
     a, b = cost_per_pod(plain, rest), cost_per_pod(hcs, rest)
     print(
         "\nCPU ms per pod, less each process's load at rest "
@@ -860,17 +862,32 @@ def cpu_ratio(
     return total(plain) / cpu_hcs if cpu_hcs else math.nan
 
 
+def pairs(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The bursts, in the order they ran, two by two as (plain, HCS): a round
+    may have run either first (``round_order``)."""
+    out = []
+    for a, b in zip(results[::2], results[1::2], strict=True):
+        out.append((a, b) if a["label"].startswith("plain") else (b, a))
+    return out
+
+
+def round_order(rounds: int, plain: Any, hcs: Any) -> list[Any]:
+    """Plain first in odd rounds, HCS first in even ones: with the machine
+    slowing (or speeding up) through a run, each side runs second as often."""
+    return [x for i in range(1, rounds + 1) for x in ((plain, hcs) if i % 2 else (hcs, plain))]
+
+
 def report_rounds(results: list[dict[str, Any]], rest: dict[str, float]) -> None:
     """With ``--rounds``: each (plain, HCS) pair's ratio, measured and as CPU
     per pod predicts it, and their median. The machine's speed drifts
     between runs; pairs run back to back share it."""
-    pairs = list(zip(results[::2], results[1::2], strict=True))
-    if len(pairs) < 2:
+    rounds = pairs(results)
+    if len(rounds) < 2:
         return
-    print("\nrounds (plain then HCS, back to back):")
+    print("\nrounds (back to back; plain first in odd rounds, HCS first in even ones):")
     print(f"  {'round':<6}{'plain/s':>9}{'hcs/s':>9}{'ratio':>8}{'by CPU':>8}")
     measured, predicted, clean = [], [], []
-    for i, (plain, hcs) in enumerate(pairs, 1):
+    for i, (plain, hcs) in enumerate(rounds, 1):
         ratio, by_cpu = pods_ratio(plain, hcs), cpu_ratio(plain, hcs, rest)
         measured.append(ratio)
         predicted.append(by_cpu)
@@ -1042,10 +1059,10 @@ def main(argv: list[str] | None = None) -> int:
         rest = at_rest(cluster, stack, seconds=args.rest_s)
         plain = [PLAIN_KIND] * args.pods
         results: list[dict[str, Any]] = []
+        order = round_order(args.rounds, ("plain", plain), (hcs_label, hcs_kinds))
         runs = [
-            (f"{name}-{i}" if i > 1 else name, kinds)
-            for i in range(1, args.rounds + 1)
-            for name, kinds in (("plain", plain), (hcs_label, hcs_kinds))
+            (f"{name}-{i // 2 + 1}" if i > 1 else name, kinds)
+            for i, (name, kinds) in enumerate(order)
         ]
         for label, kinds in runs:
             if results:
@@ -1070,7 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
                 pinned_burst(
                     cluster,
                     stack,
-                    results[-1],
+                    pairs(results)[-1][1],
                     names=names,
                     rest=rest,
                     workers=args.workers,
@@ -1081,7 +1098,7 @@ def main(argv: list[str] | None = None) -> int:
         report_pod_cost(results, rest)
         report_rounds(results, rest)
         for run in pinned:
-            report_pinned(results[-2], results[-1], run, rest)
+            report_pinned(*pairs(results)[-1], run, rest)
     finally:
         if stack is not None:
             stack.stop()

@@ -9,8 +9,10 @@ from bench.burst import (
     API,
     api_requests,
     node_spread,
+    pairs,
     report_pod_cost,
     report_rounds,
+    round_order,
     settled,
     volumes,
 )
@@ -88,6 +90,37 @@ def test_rounds_where_a_kubelet_restarted_are_marked_and_left_out_of_a_second_me
     assert ["restarted" in row for row in rows] == [True, False, False]
     assert "median ratio 0.70 (min 0.50" in out  # 0.50, 0.80, 0.70: all rounds
     assert "median of the 2 rounds without a restarted kubelet: 0.75" in out
+
+
+def test_rounds_alternate_which_burst_runs_first_and_each_pair_compares_hcs_with_plain(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert round_order(4, "plain", "hcs") == ["plain", "hcs", "hcs", "plain"] * 2
+    assert round_order(1, "plain", "hcs") == ["plain", "hcs"]
+    results = []
+    for label, per_s in zip(
+        ("plain", "hcs", "hcs-2", "plain-2", "plain-3", "hcs-3"),
+        (40.0, 20.0, 24.0, 30.0, 50.0, 35.0),
+        strict=True,
+    ):
+        burst = _burst(label, wall_s=10.0, running=100, kubelets=4.0 if "hcs" in label else 2.0)
+        burst["pods_per_s"] = per_s
+        results.append(burst)
+    assert [(p["label"], h["label"]) for p, h in pairs(results)] == [
+        ("plain", "hcs"),
+        ("plain-2", "hcs-2"),
+        ("plain-3", "hcs-3"),
+    ]
+    report_rounds(results, {"kubelets": 0.0})
+    rows = [
+        line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()
+    ]
+    # round 2 ran HCS first: still hcs/s over plain/s (24/30), never the other way round
+    assert [(row[1], row[2], row[3]) for row in rows] == [
+        ("40.0", "20.0", "0.50"),
+        ("30.0", "24.0", "0.80"),
+        ("50.0", "35.0", "0.70"),
+    ]
 
 
 def test_one_round_prints_no_rounds_table(capsys: pytest.CaptureFixture[str]) -> None:
