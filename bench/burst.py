@@ -743,7 +743,7 @@ def report(results: list[dict[str, Any]]) -> None:
             f"  {r['label']:<8} {mean:.1f} = "
             + ", ".join(f"{rc or 'none'} {n} x {v:.1f}" for rc, (n, v) in by_class.items())
         )
-    plain, hcs = pairs(results)[0]
+    plain, hcs = pairs(results[:2])[0]  # a --same-placement burst may follow the rounds
     print(f"\nratio {hcs['label']}/plain pods/s: {pods_ratio(plain, hcs):.2f} (target >= 0.8)")
     for r in results:
         if r.get("revived"):

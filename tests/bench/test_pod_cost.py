@@ -10,6 +10,7 @@ from bench.burst import (
     api_requests,
     node_spread,
     pairs,
+    report,
     report_pod_cost,
     report_rounds,
     round_order,
@@ -121,6 +122,24 @@ def test_rounds_alternate_which_burst_runs_first_and_each_pair_compares_hcs_with
         ("30.0", "24.0", "0.80"),
         ("50.0", "35.0", "0.70"),
     ]
+
+
+def test_the_report_takes_its_ratio_from_the_first_pair_with_a_same_placement_burst_after(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def full(label: str, per_s: float) -> dict:
+        burst = _burst(label, wall_s=10.0, running=100, kubelets=2.0)
+        burst.update(
+            pods=100, pods_per_s=per_s, p50_s=1.0, p99_s=2.0, pending=0, double_booked=[],
+            created_s=3.0, spread={"nodes": 0}, volumes={}, pending_reasons=[],
+            create_error_count=0, create_errors=[], room=None, latency={}, counted={},
+            requests={},
+        )  # fmt: skip
+        return burst
+
+    # one round, then --same-placement's pinned plain burst: three bursts, not pairs
+    report([full("plain", 40.0), full("hcs", 20.0), full("plainpin", 30.0)])
+    assert "ratio hcs/plain pods/s: 0.50" in capsys.readouterr().out
 
 
 def test_one_round_prints_no_rounds_table(capsys: pytest.CaptureFixture[str]) -> None:
