@@ -74,7 +74,7 @@ def free(held, name):
 
 def info():
     free_b, total_b = torch.cuda.mem_get_info(0)
-    emit(op="info", free=free_b, total=total_b)
+    emit(op="info", free=free_b, total=total_b, backend=torch.cuda.get_allocator_backend())
 
 def hold():
     emit(op="hold")
@@ -236,24 +236,49 @@ def library(request: pytest.FixtureRequest) -> Path:
 STEPS = ["info", f"alloc:a:{2 * GiB}", "info", f"alloc:b:{3 * GiB}", "free:a", f"alloc:c:{3 * GiB}"]
 
 
+# PyTorch's three ways of taking device memory, each a road past a library
+# that watched cudaMalloc alone: the caching allocator (cudaMalloc), the
+# stream-ordered pool (cudaMallocAsync, reached through the driver's entry
+# table) and expandable segments (cuMemCreate + cuMemMap).
+ALLOCATORS = {
+    "caching": ("", "native"),
+    "async": ("backend:cudaMallocAsync", "cudaMallocAsync"),
+    "expandable": ("expandable_segments:True", "native"),
+}
+
+
+@pytest.fixture(scope="module", params=list(ALLOCATORS))
+def allocator(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def allocator_env(allocator: str) -> dict[str, str]:
+    conf, _ = ALLOCATORS[allocator]
+    return {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else {}
+
+
 @pytest.fixture(scope="module")
-def sliced(library: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Step]:
-    tmp = tmp_path_factory.mktemp("sliced")
-    with Child(STEPS, env=environment(shm=tmp / "vram.shm"), log=tmp / "child.err") as child:
+def sliced(library: Path, allocator: str, tmp_path_factory: pytest.TempPathFactory) -> list[Step]:
+    tmp = tmp_path_factory.mktemp(f"sliced-{allocator}")
+    env = environment(shm=tmp / "vram.shm", **allocator_env(allocator))
+    with Child(STEPS, env=env, log=tmp / "child.err") as child:
         return child.finish()
 
 
 @pytest.fixture(scope="module")
-def unsliced(tmp_path_factory: pytest.TempPathFactory) -> list[Step]:
-    tmp = tmp_path_factory.mktemp("unsliced")
-    with Child(STEPS, env=environment(shm=None), log=tmp / "child.err") as child:
+def unsliced(allocator: str, tmp_path_factory: pytest.TempPathFactory) -> list[Step]:
+    tmp = tmp_path_factory.mktemp(f"unsliced-{allocator}")
+    with Child(
+        STEPS, env=environment(shm=None, **allocator_env(allocator)), log=tmp / "child.err"
+    ) as child:
         return child.finish()
 
 
 def test_pytorch_sees_a_4gi_slice_as_the_whole_device(
-    sliced: list[Step], unsliced: list[Step]
+    sliced: list[Step], unsliced: list[Step], allocator: str
 ) -> None:
     first = ops(sliced, "info")[0]
+    assert first["backend"] == ops(unsliced, "info")[0]["backend"] == ALLOCATORS[allocator][1]
     assert first["total"] == 4 * GiB
     assert 0 < first["free"] <= 4 * GiB
     assert ops(unsliced, "info")[0]["total"] > 4 * GiB  # the device itself is larger
