@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from hcs_bus.messages import Compute, DeviceFingerprint
+from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import logger
 
 _log = logger("hcs.agent.measuring")
@@ -35,13 +36,35 @@ def acu_of(tflops_fp16: float) -> float:
     return tflops_fp16 / REFERENCE_TFLOPS_FP16 * 100.0
 
 
-def with_measured(device: DeviceFingerprint, measured_tflops: float | None) -> DeviceFingerprint:
+def bench_of(db: ProfileDB, device: DeviceFingerprint) -> float | None:
+    """What a healthy device of ``device``'s model measures, where known."""
+    try:
+        return db.get(f"{device.vendor}/{device.model}").bench_tflops_fp16
+    except KeyError:
+        return None
+
+
+def with_measured(
+    device: DeviceFingerprint, measured_tflops: float | None, *, bench_tflops: float | None
+) -> DeviceFingerprint:
+    """``device`` with its measured throughput beside the profile.
+
+    No benchmark reaches a datasheet peak (an H100 gives about 77 % of it), so
+    ``acu_of(measured)`` would put measured devices on a lower scale than
+    profiled ones. The measured ACU is instead the profile's ACU scaled by how
+    this device compares with a healthy one of its model (``bench_tflops``,
+    from the profile database); without that figure it stays unset and the
+    profile stands, and the raw TFLOPS is still reported.
+    """
     if measured_tflops is None:
         return device
+    acu = None
+    if bench_tflops:
+        acu = round(device.compute.acu_profile * measured_tflops / bench_tflops, 2)
     compute = Compute(
         acu_profile=device.compute.acu_profile,
         tflops_fp16_profile=device.compute.tflops_fp16_profile,
-        acu_measured=round(acu_of(measured_tflops), 2),
+        acu_measured=acu,
         tflops_fp16_measured=round(measured_tflops, 2),
     )
     return msgspec.structs.replace(device, compute=compute)

@@ -133,7 +133,12 @@ async def _poll(
         found = await detect_all(detectors, node=node, now=time.time())
         if settings.agent.measure_acu and not measured and found.devices:
             measured = await _measure(found.devices)
-        devices = [measuring.with_measured(d, measured.get(d.index)) for d in found.devices]
+        devices = [
+            measuring.with_measured(
+                d, measured.get(d.index), bench_tflops=measuring.bench_of(db, d)
+            )
+            for d in found.devices
+        ]
         for event in [
             *found.events,
             *health_changes(previous, devices, node=node, now=time.time()),

@@ -79,6 +79,9 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True):
     sources: dict[str, str]
     unsourced: tuple[str, ...] = ()
     notes: str = ""
+    # What agents.measuring.measure() achieves on a healthy device of this
+    # model; None where nobody has run it on one.
+    bench_tflops_fp16: float | None = None
 
     @property
     def key(self) -> str:
@@ -128,6 +131,7 @@ class _ModelEntry(_Strict, frozen=True, kw_only=True):
     interconnect: LinkType
     interconnect_bandwidth_gbps: float
     pci_device_ids: tuple[int, ...] = ()
+    bench_tflops_fp16: float | None = None
     sources: dict[str, str] = {}
     unsourced: tuple[str, ...] = ()
     notes: str = ""
@@ -320,6 +324,7 @@ def _build(file: _File, entry: _ModelEntry) -> Profile:
         sources=sources,
         unsourced=entry.unsourced,
         notes=entry.notes,
+        bench_tflops_fp16=entry.bench_tflops_fp16,
     )
     _check_profile(profile)
     return profile
@@ -345,6 +350,20 @@ def _check_profile(profile: Profile) -> None:
     for field in ("vram_mib", "mem_bandwidth_gbps", "tflops_fp16"):
         if getattr(profile, field) <= 0:
             raise ConfigError(f"profile {key}: {field} must be positive")
+    bench = profile.bench_tflops_fp16
+    if bench is not None:
+        if (
+            "bench_tflops_fp16" not in profile.sources
+            and "bench_tflops_fp16" not in profile.unsourced
+        ):
+            raise ConfigError(
+                f"profile {key}: bench_tflops_fp16 has neither a source nor an unsourced mark"
+            )
+        if not 0 < bench <= profile.tflops_fp16:
+            raise ConfigError(
+                f"profile {key}: bench_tflops_fp16 must be positive and at most the peak "
+                f"tflops_fp16 {profile.tflops_fp16}, got {bench}"
+            )
 
 
 def _check_reference(db: ProfileDB) -> None:

@@ -107,19 +107,31 @@ timeout 240 "$PY" -m pytest -rs -v -p no:cacheprovider -p no:xdist -p no:hypothe
 step "figures"
 {
   timeout 120 "$PY" - <<'EOF' || echo "measuring failed: $?"
+import statistics
+
 import torch
 
 from agents import measuring, nvml
 from agents.parsing import nvml_readings
 from hcs_bus import profiles
 
+db = profiles.load()
 name = torch.cuda.get_device_name(0)
-for n, iterations in ((8192, 20), (8192, 200)):
-    tflops = measuring.measure(0, n=n, iterations=iterations)
-    acu = "no device" if tflops is None else f"{tflops:.1f} TFLOPS = {measuring.acu_of(tflops):.1f} ACU"
-    print(f"{name}: FP16 matmul n={n} x{iterations}: {acu}")
-device = nvml_readings.convert(nvml.read_all(), db=profiles.load()).devices[0]
-print(f"profile of {device.model}: {device.compute.tflops_fp16_profile} TFLOPS = {device.compute.acu_profile} ACU")
+device = nvml_readings.convert(nvml.read_all(), db=db).devices[0]
+bench = measuring.bench_of(db, device)
+runs = {"measure() as the agent runs it (x20)": 20, "sustained (x200)": 200}
+medians = {}
+for label, iterations in runs.items():
+    samples = [measuring.measure(0, iterations=iterations) or 0.0 for _ in range(10)]
+    medians[iterations] = statistics.median(samples)
+    print(f"{name}: FP16 8192^3 matmul, {label}, 10 runs: "
+          + ", ".join(f"{s:.0f}" for s in samples)
+          + f" TFLOPS; median {medians[iterations]:.1f}, min {min(samples):.1f}, max {max(samples):.1f}")
+scaled = measuring.with_measured(device, medians[20], bench_tflops=bench)
+print(f"profile of {device.model}: peak {device.compute.tflops_fp16_profile} TFLOPS = "
+      f"{device.compute.acu_profile} ACU; benchmark figure {bench} TFLOPS; "
+      f"measured ACU {scaled.compute.acu_measured} (as a share of the A100's peak it would be "
+      f"{measuring.acu_of(medians[20]):.1f})")
 EOF
   grep -A2 '^interceptor bench' "$OUT/pytest.txt" || echo "interceptor bench: not in pytest.txt"
 } 2>&1 | tee "$OUT/figures.txt"

@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 
 from agents import measuring
+from hcs_bus import profiles
+from hcs_bus.messages import Compute
 from tests.agents.test_changes import dev
 
 
@@ -13,13 +15,66 @@ def test_tflops_counts_two_n_cubed_operations_per_matmul() -> None:
         measuring.tflops(n=8192, iterations=1, elapsed_s=0)
 
 
-def test_measured_compute_sits_beside_the_profile_and_wins() -> None:
-    device = measuring.with_measured(dev(0), 265.2)
+def test_measured_compute_is_the_profile_scaled_by_the_models_benchmark_and_wins() -> None:
+    device = measuring.with_measured(dev(0), 238.0, bench_tflops=280.0)  # 85 % of a healthy one
     assert device.compute.acu_profile == 100 and device.compute.acu_measured == 85.0
-    assert device.compute.acu == 85.0
-    assert measuring.with_measured(dev(0), None).compute.acu_measured is None
+    assert device.compute.acu == 85.0 and device.compute.tflops_fp16_measured == 238.0
+    none = measuring.with_measured(dev(0), None, bench_tflops=280.0)
+    assert none.compute.acu_measured is None and none.compute.tflops_fp16_measured is None
+
+
+def test_without_a_benchmark_figure_the_profile_stands_and_the_raw_figure_is_kept() -> None:
+    # 764 TFLOPS is a healthy H100, 77 % of its peak: as a share of the A100's
+    # peak it would read 245 ACU against the profile's 317
+    h100 = dev(0, model="H100-SXM", compute=Compute(acu_profile=317.15, tflops_fp16_profile=989.5))
+    device = measuring.with_measured(h100, 764.0, bench_tflops=None)
+    assert device.compute.acu_measured is None and device.compute.acu == 317.15
+    assert device.compute.tflops_fp16_measured == 764.0
+
+
+def test_the_benchmark_figure_comes_from_the_devices_profile(db: profiles.ProfileDB) -> None:
+    h100 = db.get("nvidia/H100-SXM")
+    assert h100.bench_tflops_fp16 is not None and h100.bench_tflops_fp16 < h100.tflops_fp16
+    assert measuring.bench_of(db, dev(0, model="H100-SXM")) == h100.bench_tflops_fp16
+    assert measuring.bench_of(db, dev(0, model="A100-80G")) is None  # nobody measured one
+    assert measuring.bench_of(db, dev(0, model="no-such-card")) is None
+    healthy = measuring.with_measured(
+        dev(0, model="H100-SXM", compute=Compute(acu_profile=h100.acu, tflops_fp16_profile=989.5)),
+        h100.bench_tflops_fp16,
+        bench_tflops=h100.bench_tflops_fp16,
+    )
+    assert healthy.compute.acu == pytest.approx(h100.acu, abs=0.01)
 
 
 @pytest.mark.skipif(measuring.backend() is None, reason=measuring.SKIP_REASON)
 def test_a_real_device_measures_a_positive_throughput() -> None:
     assert (measuring.measure(0, n=2048, iterations=5) or 0) > 1.0
+
+
+def referenced_profile(db: profiles.ProfileDB) -> tuple[profiles.Profile | None, str]:
+    """The profile of GPU 0 where it has a benchmark figure, and why not."""
+    found = measuring.backend()
+    if found is None:
+        return None, measuring.SKIP_REASON
+    torch, _ = found
+    name = torch.cuda.get_device_name(0)
+    profile = db.match("nvidia", name)
+    with_figure = [p.model for p in db.all() if p.bench_tflops_fp16 is not None]
+    if profile is None or profile.bench_tflops_fp16 is None:
+        return (
+            None,
+            f"needs a GPU whose profile has bench_tflops_fp16 ({with_figure}), not {name!r}",
+        )
+    return profile, ""
+
+
+def test_a_healthy_device_measures_within_a_fifth_of_its_models_figure(
+    db: profiles.ProfileDB,
+) -> None:
+    profile, why = referenced_profile(db)
+    if profile is None:
+        pytest.skip(why)
+    assert profile.bench_tflops_fp16 is not None
+    measured = measuring.measure(0)
+    assert measured is not None
+    assert 0.8 < measured / profile.bench_tflops_fp16 < 1.2, (measured, profile.key)

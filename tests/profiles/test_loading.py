@@ -55,6 +55,20 @@ def test_a_number_without_source_or_unsourced_mark_is_refused(tmp_path: Path) ->
         profiles.load(_write(tmp_path, data))
 
 
+def test_a_benchmark_figure_without_its_unsourced_mark_is_refused(tmp_path: Path) -> None:
+    data = _packaged()
+    _entry(data, "nvidia/H100-SXM")["unsourced"].remove("bench_tflops_fp16")
+    with pytest.raises(ConfigError, match=r"nvidia/H100-SXM: bench_tflops_fp16 has neither"):
+        profiles.load(_write(tmp_path, data))
+
+
+def test_a_benchmark_figure_above_the_peak_is_refused(tmp_path: Path) -> None:
+    data = _packaged()
+    _entry(data, "nvidia/H100-SXM")["bench_tflops_fp16"] = 1200
+    with pytest.raises(ConfigError, match=r"nvidia/H100-SXM: bench_tflops_fp16 must be .* 989.5"):
+        profiles.load(_write(tmp_path, data))
+
+
 def test_an_unknown_interconnect_is_refused(tmp_path: Path) -> None:
     data = _packaged()
     _entry(data, "mthreads/S4000")["interconnect"] = "mtlink"
