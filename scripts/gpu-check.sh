@@ -2,7 +2,7 @@
 # The checks that need an NVIDIA GPU, on a machine with PyTorch and no network:
 # NVML readings, the measured ACU, and the VRAM interceptor under real PyTorch
 # (tests/interceptor/test_torch_gpu.py). Results go to $OUT: pytest.txt,
-# figures.txt, nvidia-smi.txt, install.txt, build.txt.
+# figures.txt, nvidia-smi.txt, nvml-readings.json, install.txt, build.txt.
 #
 # The Python packages such a machine lacks come from .gpu-wheels/ (CPython
 # 3.12, manylinux x86_64), fetched beforehand on a machine with an index:
@@ -77,6 +77,7 @@ step "nvidia-smi"
   nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,memory.used,compute_cap \
     --format=csv || true
   nvidia-smi || true
+  nvidia-smi -q || true
 } 2>&1 | tee "$OUT/nvidia-smi.txt"
 
 build_interceptor() {
@@ -90,6 +91,11 @@ build_interceptor() {
         interceptor_c/src/*.c -ldl -lpthread
   fi
 }
+
+step "nvml readings (kept as a fixture: tests/agents/fixtures/nvml-readings-*.json)"
+"$PY" -c 'import json, sys; from agents import nvml; json.dump(nvml.read_all(), sys.stdout, indent=1)' \
+  >"$OUT/nvml-readings.json" 2>&1 || tail -5 "$OUT/nvml-readings.json"
+wc -c "$OUT/nvml-readings.json"
 
 step "build interceptor_c"
 if ! build_interceptor >"$OUT/build.txt" 2>&1; then
