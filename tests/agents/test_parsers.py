@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agents.parsing import cnmon, hy_smi, normalize_bus_id, npu_smi, nvml_readings
+from healer import rules, signals
+from healer.histories import DeviceHistory, FingerprintSample
 from tests.agents.conftest import FIXTURES, fixture_text
 
 
@@ -155,6 +159,28 @@ def test_nvml_readings_become_a100_fingerprints_with_nvlink_per_peer(db) -> None
     assert two.telemetry.throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown")
     assert three.telemetry.ecc_corrected == 12 and three.telemetry.remap_pending
     assert three.telemetry.remapped_rows == 1
+
+
+def test_a_real_h100_in_a_vm_becomes_an_h100_sxm_fingerprint_that_is_healthy_at_idle(db) -> None:
+    # read by agents.nvml.read_all() on a lent H100 (scripts/gpu-check.sh): the
+    # driver reports 81,559 MiB, not the datasheet's 80 GiB; the VM shows no
+    # NUMA node and no NVLink; idle, the SM clock sits at 345 of 1,980 MHz
+    readings = json.loads((FIXTURES / "nvml-readings-h100-vm.json").read_text())
+    parsed = nvml_readings.convert(readings, db=db)
+    assert parsed.errors == ()
+    (h100,) = parsed.devices
+    assert (h100.model, h100.compute_capability) == ("H100-SXM", "9.0")
+    assert h100.vram_total_mib == 81559 < db.get("nvidia/H100-SXM").vram_mib
+    assert (h100.pci_bus_id, h100.numa_node, h100.links) == ("0000:00:06.0", None, ())
+    assert (h100.pcie_gen, h100.pcie_width) == (5, 16)
+    assert h100.compute.acu_profile == pytest.approx(317.15)
+    assert h100.telemetry.throttle_reasons == ("gpu_idle",)
+    health = rules.load(degraded_window_s=60, recovery_window_s=300)
+    sample = FingerprintSample("n1", 0, h100.model, h100.telemetry, fleet_sm_clock_median=1980.0)
+    assert signals.fatal_telemetry(h100.telemetry, rules=health) == ""
+    assert signals.degraded_signal(DeviceHistory("n1", 0), sample, now=0.0, rules=health) == ""
+    judged = rules.judge(DeviceHistory("n1", 0), sample, now=0.0, rules=health)
+    assert (judged.verdict, judged.health_score) == ("healthy", 100)
 
 
 def test_gpus_without_nvlink_get_pcie_links_scaled_by_common_ancestor(db) -> None:
