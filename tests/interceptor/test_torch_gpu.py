@@ -50,7 +50,7 @@ def missing_hardware() -> str | None:
 MISSING = missing_hardware()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
-# Steps, one argument each: info | alloc:NAME:BYTES | free:NAME | hold | bench:PAIRS:BYTES
+# Steps, one argument each: info | nvml | alloc:NAME:BYTES | free:NAME | hold | bench:PAIRS:BYTES
 CHILD = r"""
 import ctypes, json, sys, time
 import torch
@@ -79,6 +79,12 @@ def info():
 def hold():
     emit(op="hold")
     sys.stdin.readline()
+
+def nvml():
+    import pynvml
+    pynvml.nvmlInit()
+    memory = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+    emit(op="nvml", total=memory.total, used=memory.used, free=memory.free)
 
 def rounds(pair, pairs, count=5):
     for _ in range(100):
@@ -125,6 +131,8 @@ for step in sys.argv[1:]:
         info()
     elif op == "hold":
         hold()
+    elif op == "nvml":
+        nvml()
     elif op == "bench":
         bench(*args)
     else:
@@ -328,6 +336,44 @@ def test_two_processes_on_one_accounting_file_share_one_slice(
         "error": "OutOfMemoryError",
     }
     assert allocation(seen, "c")["ok"] is True  # once the holder let go
+
+
+def smi_memory(smi: str, env: dict[str, str]) -> tuple[int, int]:
+    """(total, used) MiB of GPU 0 as nvidia-smi prints them in ``env``."""
+    shown = subprocess.run(
+        [smi, "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits", "--id=0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    total, used = (int(v) for v in shown.stdout.split(","))
+    return total, used
+
+
+def test_nvml_and_nvidia_smi_inside_the_slice_report_the_slice_and_what_it_holds(
+    library: Path, tmp_path: Path
+) -> None:
+    """What monitoring inside the container sees: pynvml in the process that
+    holds 2 GiB, and nvidia-smi run beside it on the same accounting file."""
+    env = environment(shm=tmp_path / "vram.shm")
+    smi = shutil.which("nvidia-smi")
+    with Child(
+        [f"alloc:a:{2 * GiB}", "nvml", "hold"], env=env, log=tmp_path / "child.err"
+    ) as child:
+        seen = child.until("hold")
+        sliced = smi_memory(smi, env) if smi else None
+        child.release()
+        child.finish()
+    (nvml,) = ops(seen, "nvml")
+    assert nvml["total"] == 4 * GiB
+    assert 2 * GiB <= nvml["used"] <= 4 * GiB and nvml["free"] == nvml["total"] - nvml["used"]
+    if smi is None or sliced is None:
+        pytest.skip("nvidia-smi is not on PATH: only the pynvml half ran")
+    total, used = sliced
+    assert total == 4 * 1024 and 2 * 1024 <= used <= 4 * 1024, sliced
+    assert smi_memory(smi, environment(shm=None))[0] > 4 * 1024  # without it: the device
 
 
 def per_pair_us(seconds: list[float] | None, pairs: int) -> str:
