@@ -10,7 +10,9 @@
 #     --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .gpu-wheels ...
 # They go into a folder of their own on PYTHONPATH (beside PyTorch's
-# environment); the project itself is used from the source tree.
+# environment); the project itself is used from the source tree. The agent's
+# test publishes on a real bus: a nats-server binary in .gpu-bin/ (copied from
+# this machine, e.g. `cp "$(command -v nats-server)" .gpu-bin/`) goes on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hcs-gpu-check}
@@ -18,6 +20,7 @@ WHEELS=${HCS_GPU_WHEELS:-.gpu-wheels}
 SITE=${HCS_GPU_SITE:-/tmp/hcs-gpu-site}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 mkdir -p "$OUT"
+[ -x .gpu-bin/nats-server ] && export PATH=$PWD/.gpu-bin:$PATH
 
 step() { printf '\n== %s\n' "$*"; }
 

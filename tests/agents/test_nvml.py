@@ -1,11 +1,19 @@
-"""NVML on a real GPU (skipped where libnvidia-ml cannot be loaded)."""
+"""NVML on a real GPU, and the node agent over it (skipped where libnvidia-ml
+cannot be loaded)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from agents import nvml
+from agents import measuring, nvml
 from agents.parsing import nvml_readings
+from agents.running import run_node
+from hcs_bus import subjects
+from hcs_bus.messages import NodeFingerprint
+from hcs_bus.settings import AgentSettings, KubeSettings, Settings
+from tests.agents.test_publishing import collect, until
 
 pytestmark = pytest.mark.skipif(not nvml.available(), reason=nvml.SKIP_REASON)
 
@@ -18,3 +26,37 @@ def test_every_gpu_nvml_sees_becomes_a_fingerprint_with_a_profile(db) -> None:
     assert first.uuid.startswith("GPU-") and first.vram_total_mib > 1024
     assert first.pci_bus_id.count(":") == 2 and first.compute_capability
     assert first.compute.acu_profile > 0, f"no profile for {readings[0]['name']!r}"
+
+
+async def test_the_node_agent_publishes_this_gpu_with_its_measured_compute(bus, db) -> None:
+    """The agent's own path on a real GPU: NVML detection, the FP16 measurement
+    where PyTorch is present, and a fingerprint on the real bus."""
+    got: list = []
+    sub = await collect(bus, subjects.fp("gpu-node"), got)
+    settings = Settings(
+        kube=KubeSettings(mode="none"),
+        agent=AgentSettings(node_name="gpu-node", report_interval_s=0.5),
+    )
+    task = asyncio.get_running_loop().create_task(run_node(bus, settings=settings, db=db))
+    try:
+        await until(lambda: bool(got), timeout_s=90.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sub.unsubscribe()
+    fp: NodeFingerprint = got[0][1]
+    assert not fp.simulated and len(fp.devices) == len(nvml.read_all())
+    device = fp.devices[0]
+    profile = db.get(f"{device.vendor}/{device.model}")
+    compute = device.compute
+    assert compute.acu_profile == round(profile.acu, 2)
+    if measuring.backend() is None:  # NVML without PyTorch: the profile alone
+        assert compute.tflops_fp16_measured is None and compute.acu == compute.acu_profile
+        return
+    assert compute.tflops_fp16_measured is not None and compute.tflops_fp16_measured > 1.0
+    if profile.bench_tflops_fp16 is None:
+        assert compute.acu_measured is None and compute.acu == compute.acu_profile
+    else:
+        scaled = compute.acu_profile * compute.tflops_fp16_measured / profile.bench_tflops_fp16
+        assert compute.acu_measured == pytest.approx(scaled, abs=0.01)
+        assert 0.75 < compute.acu_measured / compute.acu_profile < 1.2, compute
