@@ -149,18 +149,24 @@ def read_all() -> list[dict[str, Any]]:
 
 
 class EventWatcher:
-    """NVML event waits in a thread → HealthEvents on the loop (Xid, ECC)."""
+    """NVML event waits in a thread → HealthEvents on the loop (Xid, ECC).
+
+    ``ready`` is set once every device is registered (``registered`` lists
+    them) or the thread has failed (``failure`` says why, also logged)."""
 
     def __init__(
         self, *, node: str, publish: Callable[[HealthEvent], object], wall: Callable[[], float]
     ) -> None:
         self.node, self.publish, self.wall = node, publish, wall
+        self.ready = threading.Event()
+        self.registered: list[int] = []
+        self.failure: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._thread = threading.Thread(
-            target=self._run, args=(loop,), name="nvml-events", daemon=True
+            target=self._guarded, args=(loop,), name="nvml-events", daemon=True
         )
         self._thread.start()
 
@@ -168,6 +174,18 @@ class EventWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _guarded(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            self._run(loop)
+        except Exception as exc:  # a dead watcher must be seen, not vanish with its thread
+            self.failure = f"{type(exc).__name__}: {exc}"
+            _log.error("nvml_events_failed", node=self.node, error=self.failure)
+        finally:
+            self.ready.set()
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         import pynvml as n
@@ -179,14 +197,20 @@ class EventWatcher:
             | n.nvmlEventTypeDoubleBitEccError
             | n.nvmlEventTypeSingleBitEccError
         )
-        uuids: dict[int, tuple[int, str]] = {}
-        for i in range(n.nvmlDeviceGetCount()):
-            handle = n.nvmlDeviceGetHandleByIndex(i)
-            supported = _try(n.nvmlDeviceGetSupportedEventTypes, handle) or 0
-            if _try(n.nvmlDeviceRegisterEvents, handle, wanted & supported) is None:
-                _log.warning("nvml_events_unsupported", device=i)
-            uuids[id(handle)] = (i, _text(n.nvmlDeviceGetUUID(handle)))
         try:
+            for i in range(n.nvmlDeviceGetCount()):
+                handle = n.nvmlDeviceGetHandleByIndex(i)
+                supported = _try(n.nvmlDeviceGetSupportedEventTypes, handle) or 0
+                if wanted & supported == 0:
+                    _log.warning("nvml_events_unsupported", device=i)
+                    continue
+                try:
+                    n.nvmlDeviceRegisterEvents(handle, wanted & supported, events)
+                except n.NVMLError as exc:
+                    _log.warning("nvml_events_unsupported", device=i, error=str(exc))
+                else:
+                    self.registered.append(i)
+            self.ready.set()
             while not self._stop.is_set():
                 try:
                     data = n.nvmlEventSetWait(events, 500)

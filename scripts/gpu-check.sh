@@ -110,6 +110,7 @@ ls -l interceptor_c/build/libhcs_interceptor.so
 step "pytest"
 rc=0
 timeout 240 "$PY" -m pytest -rs -v -p no:cacheprovider -p no:xdist -p no:hypothesispytest \
+  -W error::pytest.PytestUnhandledThreadExceptionWarning \
   tests/agents/test_nvml.py tests/agents/test_measuring.py tests/interceptor/test_torch_gpu.py \
   2>&1 | tee "$OUT/pytest.txt" || rc=$?
 

@@ -4,6 +4,7 @@ cannot be loaded)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -60,3 +61,31 @@ async def test_the_node_agent_publishes_this_gpu_with_its_measured_compute(bus, 
         scaled = compute.acu_profile * compute.tflops_fp16_measured / profile.bench_tflops_fp16
         assert compute.acu_measured == pytest.approx(scaled, abs=0.01)
         assert 0.75 < compute.acu_measured / compute.acu_profile < 1.2, compute
+
+
+async def test_the_event_watcher_registers_every_gpu_that_reports_xid_or_ecc_events(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import pynvml
+
+    pynvml.nvmlInit()
+    wanted = (
+        pynvml.nvmlEventTypeXidCriticalError
+        | pynvml.nvmlEventTypeDoubleBitEccError
+        | pynvml.nvmlEventTypeSingleBitEccError
+    )
+    supported = [
+        pynvml.nvmlDeviceGetSupportedEventTypes(pynvml.nvmlDeviceGetHandleByIndex(i)) & wanted
+        for i in range(pynvml.nvmlDeviceGetCount())
+    ]
+    watcher = nvml.EventWatcher(node="gpu-node", publish=lambda event: None, wall=time.time)
+    watcher.start(asyncio.get_running_loop())
+    try:
+        assert await asyncio.to_thread(watcher.ready.wait, 30.0)
+        assert watcher.failure is None and watcher.alive()
+        assert watcher.registered == [i for i, kinds in enumerate(supported) if kinds]
+    finally:
+        await asyncio.to_thread(watcher.stop)
+    assert not watcher.alive()
+    with capsys.disabled():
+        print(f"\nNVML events wanted and supported, per GPU: {[hex(k) for k in supported]}")
