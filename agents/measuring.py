@@ -7,9 +7,11 @@ device is present, else returns None and the profile value stands.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -21,6 +23,10 @@ from hcs_bus.telemetry import logger
 _log = logger("hcs.agent.measuring")
 REFERENCE_TFLOPS_FP16 = 312.0  # A100-80G dense FP16: 1 ACU = 1 % of it (DESIGN §3)
 SKIP_REASON = "needs PyTorch with a CUDA or NPU device"
+# A device is measured only while nobody computes on it: busier than this, or
+# holding more memory than a driver context, it would measure its tenants.
+IDLE_UTIL_PCT = 5.0
+IDLE_USED_MIB = 2048
 
 
 def tflops(*, n: int, iterations: int, elapsed_s: float) -> float:
@@ -67,7 +73,71 @@ def with_measured(
         acu_measured=acu,
         tflops_fp16_measured=round(measured_tflops, 2),
     )
-    return msgspec.structs.replace(device, compute=compute)
+    # the healer compares it with the model's fleet median (a slow device)
+    telemetry = msgspec.structs.replace(
+        device.telemetry, achieved_tflops_fp16=round(measured_tflops, 1)
+    )
+    return msgspec.structs.replace(device, compute=compute, telemetry=telemetry)
+
+
+def idle(device: DeviceFingerprint) -> bool:
+    """Whether ``device`` can be measured now: no error, nobody computing on it."""
+    used_mib = device.vram_total_mib - device.vram_free_mib
+    return (
+        device.error is None
+        and device.telemetry.utilisation_pct < IDLE_UTIL_PCT
+        and used_mib <= IDLE_USED_MIB
+    )
+
+
+class Measurer:
+    """Measures each device (by UUID) once, at the first poll that finds it idle.
+
+    A device busy when the agent starts (an agent restarted under a running
+    job) keeps its profile until it is idle; a benchmark run beside a tenant
+    would report the tenant's share as the device's speed.
+    """
+
+    def __init__(
+        self,
+        *,
+        run: Callable[[int], float | None] | None = None,
+        available: Callable[[], bool] | None = None,
+    ) -> None:
+        self._run = run or measure
+        self._available = available or (lambda: backend() is not None)
+        self.tflops: dict[str, float] = {}
+        self.deferred: set[str] = set()
+        self.unavailable = False
+
+    async def update(self, devices: Sequence[DeviceFingerprint]) -> None:
+        waiting = [d for d in devices if d.uuid not in self.tflops and d.error is None]
+        if self.unavailable or not waiting:
+            return
+        if not self._available():
+            self.unavailable = True
+            _log.info("acu_not_measured", reason=SKIP_REASON)
+            return
+        for device in waiting:
+            if not idle(device):
+                if device.uuid not in self.deferred:
+                    self.deferred.add(device.uuid)
+                    _log.info(
+                        "acu_measure_deferred",
+                        device=device.index,
+                        utilisation_pct=device.telemetry.utilisation_pct,
+                        used_mib=device.vram_total_mib - device.vram_free_mib,
+                    )
+                continue
+            result = await asyncio.to_thread(self._run, device.index)
+            if result is None:  # the backend went away
+                self.unavailable = True
+                return
+            self.tflops[device.uuid] = result
+            self.deferred.discard(device.uuid)
+
+    def apply(self, device: DeviceFingerprint, *, bench_tflops: float | None) -> DeviceFingerprint:
+        return with_measured(device, self.tflops.get(device.uuid), bench_tflops=bench_tflops)
 
 
 def backend() -> tuple[Any, str] | None:

@@ -125,20 +125,15 @@ async def _poll(
     *, node: str, settings: Settings, db: ProfileDB, reporter: Reporter, labeler: Labeler
 ) -> None:
     detectors = choose(db=db, timeout_s=settings.agent.vendor_tool_timeout_s)
-    measured: dict[int, float | None] = {}
+    measurer = measuring.Measurer()
     loop = asyncio.get_running_loop()
     period = min(2.0, settings.agent.report_interval_s)
     previous: Sequence[DeviceFingerprint] | None = None
     while True:
         found = await detect_all(detectors, node=node, now=time.time())
-        if settings.agent.measure_acu and not measured and found.devices:
-            measured = await _measure(found.devices)
-        devices = [
-            measuring.with_measured(
-                d, measured.get(d.index), bench_tflops=measuring.bench_of(db, d)
-            )
-            for d in found.devices
-        ]
+        if settings.agent.measure_acu:
+            await measurer.update(found.devices)
+        devices = [measurer.apply(d, bench_tflops=measuring.bench_of(db, d)) for d in found.devices]
         for event in [
             *found.events,
             *health_changes(previous, devices, node=node, now=time.time()),
@@ -149,17 +144,6 @@ async def _poll(
         await labeler.apply(labels, devices, now_s=loop.time())
         previous = devices
         await asyncio.sleep(period)
-
-
-async def _measure(devices: Sequence[DeviceFingerprint]) -> dict[int, float | None]:
-    if measuring.backend() is None:
-        _log.info("acu_not_measured", reason=measuring.SKIP_REASON)
-        return {d.index: None for d in devices}
-    out: dict[int, float | None] = {}
-    for device in devices:
-        if not device.error:
-            out[device.index] = await asyncio.to_thread(measuring.measure, device.index)
-    return out
 
 
 def _start_nvml_events(node: str, reporter: Reporter) -> nvml.EventWatcher | None:

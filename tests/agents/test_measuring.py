@@ -4,7 +4,7 @@ import pytest
 
 from agents import measuring
 from hcs_bus import profiles
-from hcs_bus.messages import Compute
+from hcs_bus.messages import Compute, DeviceFingerprint, Telemetry
 from tests.agents.test_changes import dev
 
 
@@ -77,3 +77,67 @@ def test_a_healthy_device_measures_near_its_models_figure(db: profiles.ProfileDB
     assert measured is not None
     # on the H100 the figure came from, ten runs in a row gave 0.84 to 1.0 of it
     assert 0.75 < measured / profile.bench_tflops_fp16 < 1.2, (measured, profile.key)
+
+
+def test_the_measurement_is_also_the_achieved_throughput_the_healer_compares() -> None:
+    device = measuring.with_measured(dev(0), 238.04, bench_tflops=None)
+    assert device.telemetry.achieved_tflops_fp16 == 238.0
+    assert dev(0).telemetry.achieved_tflops_fp16 is None
+
+
+def busy(index: int) -> DeviceFingerprint:
+    return dev(index, telemetry=Telemetry(utilisation_pct=97.0), vram_free_mib=20000)
+
+
+async def test_each_device_is_measured_once_and_only_while_idle() -> None:
+    runs: list[int] = []
+
+    def run(index: int) -> float:
+        runs.append(index)
+        return 200.0 + index
+
+    measurer = measuring.Measurer(run=run, available=lambda: True)
+    lost = dev(2, error="nvml: GPU is lost")
+    await measurer.update([dev(0), busy(1), lost])
+    assert runs == [0] and measurer.deferred == {"GPU-1"}
+    await measurer.update([dev(0), busy(1), lost])
+    assert runs == [0]  # measured once; still busy; still lost
+    await measurer.update([dev(0), dev(1), lost])  # the job on GPU 1 ended
+    assert runs == [0, 1] and measurer.deferred == set()
+    measured = measurer.apply(dev(1), bench_tflops=201.0)
+    assert measured.compute.tflops_fp16_measured == 201.0 and measured.compute.acu == 100.0
+    assert measurer.apply(lost, bench_tflops=201.0).compute.tflops_fp16_measured is None
+
+
+async def test_without_a_backend_nothing_is_measured_and_it_is_not_asked_again() -> None:
+    asked: list[bool] = []
+
+    def available() -> bool:
+        asked.append(True)
+        return False
+
+    def run(index: int) -> float:
+        raise AssertionError("measured without a backend")
+
+    measurer = measuring.Measurer(run=run, available=available)
+    for _ in range(3):
+        await measurer.update([dev(0)])
+    assert asked == [True] and measurer.unavailable
+    assert measurer.apply(dev(0), bench_tflops=280.0) == dev(0)
+
+
+@pytest.mark.parametrize(
+    ("device", "ready"),
+    [
+        (dev(0), True),
+        (dev(0, telemetry=Telemetry(utilisation_pct=4.9)), True),
+        (dev(0, telemetry=Telemetry(utilisation_pct=5.0)), False),
+        (dev(0, vram_free_mib=81920 - 2048), True),  # a driver context and a little more
+        (dev(0, vram_free_mib=81920 - 2049), False),
+        (dev(0, error="nvml: GPU is lost"), False),
+    ],
+)
+def test_idle_means_no_error_little_use_and_no_more_memory_than_a_context(
+    device: DeviceFingerprint, ready: bool
+) -> None:
+    assert measuring.idle(device) is ready

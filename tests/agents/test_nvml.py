@@ -55,6 +55,8 @@ async def test_the_node_agent_publishes_this_gpu_with_its_measured_compute(bus, 
         assert compute.tflops_fp16_measured is None and compute.acu == compute.acu_profile
         return
     assert compute.tflops_fp16_measured is not None and compute.tflops_fp16_measured > 1.0
+    achieved = device.telemetry.achieved_tflops_fp16  # what the healer compares
+    assert achieved == pytest.approx(compute.tflops_fp16_measured, abs=0.06)
     if profile.bench_tflops_fp16 is None:
         assert compute.acu_measured is None and compute.acu == compute.acu_profile
     else:
