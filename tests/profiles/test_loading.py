@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,17 +56,21 @@ def test_a_number_without_source_or_unsourced_mark_is_refused(tmp_path: Path) ->
         profiles.load(_write(tmp_path, data))
 
 
-def test_a_benchmark_figure_without_its_unsourced_mark_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda e: e["unsourced"].remove("bench_tflops_fp16"), "has neither a source"),
+        (lambda e: e.update(bench_tflops_fp16=1200), "must be positive and at most .* 989.5"),
+        (lambda e: e.update(bench_tflops_fp16=0), "must be positive"),
+    ],
+    ids=["unmarked", "above-the-peak", "zero"],
+)
+def test_a_benchmark_figure_needs_a_mark_and_a_value_up_to_the_peak(
+    edit: Callable[[dict], object], message: str, tmp_path: Path
+) -> None:
     data = _packaged()
-    _entry(data, "nvidia/H100-SXM")["unsourced"].remove("bench_tflops_fp16")
-    with pytest.raises(ConfigError, match=r"nvidia/H100-SXM: bench_tflops_fp16 has neither"):
-        profiles.load(_write(tmp_path, data))
-
-
-def test_a_benchmark_figure_above_the_peak_is_refused(tmp_path: Path) -> None:
-    data = _packaged()
-    _entry(data, "nvidia/H100-SXM")["bench_tflops_fp16"] = 1200
-    with pytest.raises(ConfigError, match=r"nvidia/H100-SXM: bench_tflops_fp16 must be .* 989.5"):
+    edit(_entry(data, "nvidia/H100-SXM"))
+    with pytest.raises(ConfigError, match=rf"nvidia/H100-SXM: bench_tflops_fp16 {message}"):
         profiles.load(_write(tmp_path, data))
 
 
