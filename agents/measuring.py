@@ -24,9 +24,10 @@ _log = logger("hcs.agent.measuring")
 REFERENCE_TFLOPS_FP16 = 312.0  # A100-80G dense FP16: 1 ACU = 1 % of it (DESIGN §3)
 SKIP_REASON = "needs PyTorch with a CUDA or NPU device"
 # A device is measured only while nobody computes on it: busier than this, or
-# holding more memory than a driver context, it would measure its tenants.
+# holding more than its driver and firmware do (an idle H100 holds 0.5 GiB of
+# 80, an idle Ascend 910B 3.1 GiB of 64), it would measure its tenants.
 IDLE_UTIL_PCT = 5.0
-IDLE_USED_MIB = 2048
+IDLE_USED_SHARE = 0.1
 
 
 def tflops(*, n: int, iterations: int, elapsed_s: float) -> float:
@@ -86,7 +87,7 @@ def idle(device: DeviceFingerprint) -> bool:
     return (
         device.error is None
         and device.telemetry.utilisation_pct < IDLE_UTIL_PCT
-        and used_mib <= IDLE_USED_MIB
+        and used_mib <= device.vram_total_mib * IDLE_USED_SHARE
     )
 
 

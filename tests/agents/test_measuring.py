@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agents import measuring
+from agents.parsing import npu_smi, nvml_readings
 from hcs_bus import profiles
 from hcs_bus.messages import Compute, DeviceFingerprint, Telemetry
+from tests.agents.conftest import FIXTURES, fixture_text
 from tests.agents.test_changes import dev
 
 
@@ -132,12 +136,24 @@ async def test_without_a_backend_nothing_is_measured_and_it_is_not_asked_again()
         (dev(0), True),
         (dev(0, telemetry=Telemetry(utilisation_pct=4.9)), True),
         (dev(0, telemetry=Telemetry(utilisation_pct=5.0)), False),
-        (dev(0, vram_free_mib=81920 - 2048), True),  # a driver context and a little more
-        (dev(0, vram_free_mib=81920 - 2049), False),
+        (dev(0, vram_free_mib=81920 - 8192), True),  # a tenth of the memory: a driver's
+        (dev(0, vram_free_mib=81920 - 8193), False),
         (dev(0, error="nvml: GPU is lost"), False),
     ],
 )
-def test_idle_means_no_error_little_use_and_no_more_memory_than_a_context(
+def test_idle_means_no_error_little_use_and_no_more_memory_than_a_driver_holds(
     device: DeviceFingerprint, ready: bool
 ) -> None:
     assert measuring.idle(device) is ready
+
+
+def test_idle_devices_as_their_tools_report_them_can_be_measured(db: profiles.ProfileDB) -> None:
+    # at rest a 910B holds about 3 GiB of 64 (3,161 MiB in the fixture), the H100 0.5 of 80
+    ascend = npu_smi.parse_info(fixture_text("npu-smi-info-910b.txt"), db=db).devices
+    h100 = nvml_readings.convert(
+        json.loads((FIXTURES / "nvml-readings-h100-vm.json").read_text()), db=db
+    ).devices
+    busy = [d.index for d in ascend if d.telemetry.utilisation_pct >= 5]
+    assert busy == [2]  # AICore 12 % in the recording
+    assert [d.index for d in ascend if measuring.idle(d)] == [0, 1, 3, 4, 5, 6, 7]
+    assert measuring.idle(h100[0])
