@@ -44,11 +44,10 @@ def acu_of(tflops_fp16: float) -> float:
 
 
 def bench_of(db: ProfileDB, device: DeviceFingerprint) -> float | None:
-    """What a healthy device of ``device``'s model measures, where known."""
-    try:
-        return db.get(f"{device.vendor}/{device.model}").bench_tflops_fp16
-    except KeyError:
-        return None
+    """What a healthy device of ``device``'s model measures, where known
+    (every poll asks: a plain lookup)."""
+    profile = db.find(f"{device.vendor}/{device.model}")
+    return profile.bench_tflops_fp16 if profile is not None else None
 
 
 def with_measured(

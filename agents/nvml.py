@@ -148,6 +148,17 @@ def read_all() -> list[dict[str, Any]]:
     return readings
 
 
+def wanted_events() -> int:
+    """The NVML event types the watcher registers for, where a device has them."""
+    import pynvml as n
+
+    return (
+        n.nvmlEventTypeXidCriticalError
+        | n.nvmlEventTypeDoubleBitEccError
+        | n.nvmlEventTypeSingleBitEccError
+    )
+
+
 class EventWatcher:
     """NVML event waits in a thread → HealthEvents on the loop (Xid, ECC).
 
@@ -192,11 +203,7 @@ class EventWatcher:
 
         n.nvmlInit()
         events = n.nvmlEventSetCreate()
-        wanted = (
-            n.nvmlEventTypeXidCriticalError
-            | n.nvmlEventTypeDoubleBitEccError
-            | n.nvmlEventTypeSingleBitEccError
-        )
+        wanted = wanted_events()
         try:
             for i in range(n.nvmlDeviceGetCount()):
                 handle = n.nvmlDeviceGetHandleByIndex(i)

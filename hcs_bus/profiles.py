@@ -201,12 +201,15 @@ class ProfileDB:
         for device_id in profile.pci_device_ids:
             self._by_pci.setdefault((profile.pci_vendor_id, device_id), []).append(profile)
 
+    def find(self, key: str) -> Profile | None:
+        """A profile by ``vendor/model``, or None."""
+        return self._by_key.get(key)
+
     def get(self, key: str) -> Profile:
         """A profile by ``vendor/model``; KeyError naming the close ones."""
-        try:
-            return self._by_key[key]
-        except KeyError:
-            pass
+        found = self.find(key)
+        if found is not None:
+            return found
         close = difflib.get_close_matches(key, self._by_key, n=5, cutoff=0.4)
         if not close:
             close = [k for k in self._by_key if key.split("/")[0] == k.split("/")[0]][:8]

@@ -71,11 +71,7 @@ async def test_the_event_watcher_registers_every_gpu_that_reports_xid_or_ecc_eve
     import pynvml
 
     pynvml.nvmlInit()
-    wanted = (
-        pynvml.nvmlEventTypeXidCriticalError
-        | pynvml.nvmlEventTypeDoubleBitEccError
-        | pynvml.nvmlEventTypeSingleBitEccError
-    )
+    wanted = nvml.wanted_events()
     supported = [
         pynvml.nvmlDeviceGetSupportedEventTypes(pynvml.nvmlDeviceGetHandleByIndex(i)) & wanted
         for i in range(pynvml.nvmlDeviceGetCount())
