@@ -1,42 +1,48 @@
-"""Measured compute: a short FP16 matmul benchmark where PyTorch can reach a device.
+"""Measured compute: each idle device's FP16 throughput, beside its profile.
 
-``tflops`` is the arithmetic (2·n³ floating-point operations per n×n matmul);
-``measure`` runs it through torch.cuda or torch_npu when importable and a
-device is present, else returns None and the profile value stands.
+The benchmark itself (``agents.benchmark``) runs in a child process of the
+agent, one per round of devices, so that its device context and PyTorch's
+cache leave with it; where PyTorch reaches no device the child says so once,
+and the profile values stand.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import importlib.util
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import msgspec
 
+import agents
+from agents.benchmark import SKIP_REASON
+from hcs_bus.errors import HcsError
 from hcs_bus.messages import Compute, DeviceFingerprint
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import logger
 
 _log = logger("hcs.agent.measuring")
 REFERENCE_TFLOPS_FP16 = 312.0  # A100-80G dense FP16: 1 ACU = 1 % of it (DESIGN §3)
-SKIP_REASON = "needs PyTorch with a CUDA or NPU device"
 # A device is measured only while nobody computes on it: busier than this, or
 # holding more than its driver and firmware do (an idle H100 holds 0.5 GiB of
 # 80, an idle Ascend 910B 3.1 GiB of 64), it would measure its tenants.
 IDLE_UTIL_PCT = 5.0
 IDLE_USED_SHARE = 0.1
+MAX_TRIES = 3  # a device whose benchmark fails this often keeps its profile
+_ROOT = Path(agents.__file__).resolve().parent.parent  # where ``agents`` imports from
 
 
-def tflops(*, n: int, iterations: int, elapsed_s: float) -> float:
-    """Dense TFLOPS of ``iterations`` n×n×n matmuls in ``elapsed_s`` seconds."""
-    if n <= 0 or iterations <= 0:
-        raise ValueError(f"n and iterations must be positive, got n={n} iterations={iterations}")
-    if elapsed_s <= 0:
-        raise ValueError(f"elapsed_s must be positive, got {elapsed_s}")
-    return 2.0 * n**3 * iterations / elapsed_s / 1e12
+class MeasureFailed(HcsError):
+    """The benchmark child timed out, crashed or answered nonsense; ``measured``
+    holds what it finished before that (by device index)."""
+
+    def __init__(self, message: str, *, measured: dict[int, float] | None = None) -> None:
+        super().__init__(message)
+        self.measured = measured or {}
 
 
 def acu_of(tflops_fp16: float) -> float:
@@ -90,87 +96,158 @@ def idle(device: DeviceFingerprint) -> bool:
     )
 
 
+def _answers(out: bytes) -> tuple[dict[int, float], str | None]:
+    """The child's answer lines: measured TFLOPS by device index, and its reason
+    where it found no backend. Other lines (a vendor library's banner on
+    stdout) are not answers and are passed over."""
+    measured: dict[int, float] = {}
+    for line in out.decode(errors="replace").splitlines():
+        try:
+            answer = json.loads(line) if line.startswith('{"index"') else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            continue
+        if answer.get("index") is None:
+            return measured, str(answer.get("reason") or SKIP_REASON)
+        if not isinstance(answer.get("tflops"), (int, float)) or answer["tflops"] <= 0:
+            raise MeasureFailed(f"benchmark answered {line[:200]!r}", measured=measured)
+        measured[int(answer["index"])] = float(answer["tflops"])
+    return measured, None
+
+
+async def measure_in_child(
+    indices: Sequence[int], *, timeout_s: float, n: int = 8192, iterations: int = 20
+) -> dict[int, float] | None:
+    """Each device's TFLOPS, measured by ``python -m agents.benchmark`` in a
+    child process that is gone when this returns; None where PyTorch reaches
+    no device. Raises MeasureFailed on a timeout, a crash or a bad answer (a
+    child still running when this is cancelled is killed)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices as NVML's (fastest first otherwise)
+    args = [str(i) for i in indices] + ["--n", str(n), "--iterations", str(iterations)]
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agents.benchmark",
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        out, err = await asyncio.wait_for(child.communicate(), timeout_s)
+    except TimeoutError:
+        raise MeasureFailed(
+            f"benchmark of devices {list(indices)} still running after {timeout_s:g} s; killed"
+        ) from None
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    if child.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines() or ["(no output)"]
+        try:
+            measured = _answers(out)[0]
+        except MeasureFailed as exc:
+            measured = exc.measured
+        raise MeasureFailed(
+            f"benchmark of devices {list(indices)} exited with {child.returncode}: {lines[-1]}",
+            measured=measured,
+        )
+    measured, no_backend = _answers(out)
+    return None if no_backend else measured
+
+
+Run = Callable[[Sequence[int]], Awaitable[dict[int, float] | None]]
+
+
 class Measurer:
     """Measures each device (by UUID) once, at the first poll that finds it idle.
 
     A device busy when the agent starts (an agent restarted under a running
     job) keeps its profile until it is idle; a benchmark run beside a tenant
-    would report the tenant's share as the device's speed.
+    would report the tenant's share as the device's speed. The idle devices of
+    a poll are measured by one child process; a device whose benchmark fails
+    ``MAX_TRIES`` times keeps its profile.
     """
 
     def __init__(
         self,
         *,
-        run: Callable[[int], float | None] | None = None,
+        timeout_s: float = 120.0,
+        run: Run | None = None,
         available: Callable[[], bool] | None = None,
     ) -> None:
-        self._run = run or measure
-        self._available = available or (lambda: backend() is not None)
+        self._run: Run = run or (lambda indices: measure_in_child(indices, timeout_s=timeout_s))
+        self._available = available or (lambda: importlib.util.find_spec("torch") is not None)
         self.tflops: dict[str, float] = {}
         self.deferred: set[str] = set()
+        self.failures: dict[str, int] = {}
         self.unavailable = False
 
+    def _waiting(self, device: DeviceFingerprint) -> bool:
+        return (
+            device.uuid not in self.tflops
+            and device.error is None
+            and self.failures.get(device.uuid, 0) < MAX_TRIES
+        )
+
     async def update(self, devices: Sequence[DeviceFingerprint]) -> None:
-        waiting = [d for d in devices if d.uuid not in self.tflops and d.error is None]
+        waiting = [d for d in devices if self._waiting(d)]
         if self.unavailable or not waiting:
             return
         if not self._available():
             self.unavailable = True
             _log.info("acu_not_measured", reason=SKIP_REASON)
             return
+        ready = []
         for device in waiting:
-            if not idle(device):
-                if device.uuid not in self.deferred:
-                    self.deferred.add(device.uuid)
-                    _log.info(
-                        "acu_measure_deferred",
-                        device=device.index,
-                        utilisation_pct=device.telemetry.utilisation_pct,
-                        used_mib=device.vram_total_mib - device.vram_free_mib,
-                    )
-                continue
-            result = await asyncio.to_thread(self._run, device.index)
-            if result is None:  # the backend went away
-                self.unavailable = True
-                return
-            self.tflops[device.uuid] = result
-            self.deferred.discard(device.uuid)
+            if idle(device):
+                ready.append(device)
+                self.deferred.discard(device.uuid)
+            elif device.uuid not in self.deferred:
+                self.deferred.add(device.uuid)
+                _log.info(
+                    "acu_measure_deferred",
+                    device=device.index,
+                    utilisation_pct=device.telemetry.utilisation_pct,
+                    used_mib=device.vram_total_mib - device.vram_free_mib,
+                )
+        if ready:
+            await self._measure(ready)
+
+    async def _measure(self, ready: Sequence[DeviceFingerprint]) -> None:
+        try:
+            measured = await self._run([d.index for d in ready])
+            failed = ""
+        except MeasureFailed as exc:
+            measured, failed = exc.measured, str(exc)
+        if measured is None:  # PyTorch is there but reaches no device
+            self.unavailable = True
+            _log.info("acu_not_measured", reason=SKIP_REASON)
+            return
+        for device in ready:
+            if device.index in measured:
+                self.tflops[device.uuid] = measured[device.index]
+                _log.info(
+                    "acu_measured",
+                    device=device.index,
+                    uuid=device.uuid,
+                    tflops_fp16=round(measured[device.index], 1),
+                )
+            else:
+                tries = self.failures[device.uuid] = self.failures.get(device.uuid, 0) + 1
+                _log.warning(
+                    "acu_measure_failed",
+                    device=device.index,
+                    uuid=device.uuid,
+                    tries=tries,
+                    gives_up=tries >= MAX_TRIES,
+                    error=failed or "the benchmark gave no figure for it",
+                )
 
     def apply(self, device: DeviceFingerprint, *, bench_tflops: float | None) -> DeviceFingerprint:
         return with_measured(device, self.tflops.get(device.uuid), bench_tflops=bench_tflops)
-
-
-def backend() -> tuple[Any, str] | None:
-    """(torch, device type) where a device is usable, else None."""
-    if importlib.util.find_spec("torch") is None:
-        return None
-    torch = importlib.import_module("torch")
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return torch, "cuda"
-    if importlib.util.find_spec("torch_npu") is not None:
-        importlib.import_module("torch_npu")
-        if torch.npu.is_available():  # type: ignore[attr-defined]
-            return torch, "npu"
-    return None
-
-
-def measure(index: int, *, n: int = 8192, iterations: int = 20) -> float | None:
-    """Achieved dense FP16 TFLOPS on device ``index`` (blocking: run in a thread)."""
-    found = backend()
-    if found is None:
-        return None
-    torch, kind = found
-    device = torch.device(f"{kind}:{index}")
-    a = torch.randn(n, n, dtype=torch.float16, device=device)
-    b = torch.randn(n, n, dtype=torch.float16, device=device)
-    sync = torch.cuda.synchronize if kind == "cuda" else torch.npu.synchronize
-    for _ in range(3):
-        torch.matmul(a, b)
-    sync(device)
-    started = time.perf_counter()
-    for _ in range(iterations):
-        torch.matmul(a, b)
-    sync(device)
-    result = tflops(n=n, iterations=iterations, elapsed_s=time.perf_counter() - started)
-    _log.info("acu_measured", device=index, backend=kind, n=n, tflops_fp16=round(result, 1))
-    return result

@@ -125,7 +125,7 @@ async def _poll(
     *, node: str, settings: Settings, db: ProfileDB, reporter: Reporter, labeler: Labeler
 ) -> None:
     detectors = choose(db=db, timeout_s=settings.agent.vendor_tool_timeout_s)
-    measurer = measuring.Measurer()
+    measurer = measuring.Measurer(timeout_s=settings.agent.measure_timeout_s)
     loop = asyncio.get_running_loop()
     period = min(2.0, settings.agent.report_interval_s)
     previous: Sequence[DeviceFingerprint] | None = None

@@ -79,7 +79,7 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True):
     sources: dict[str, str]
     unsourced: tuple[str, ...] = ()
     notes: str = ""
-    # What agents.measuring.measure() achieves on a healthy device of this
+    # What agents.benchmark.measure() achieves on a healthy device of this
     # model; None where nobody has run it on one.
     bench_tflops_fp16: float | None = None
 

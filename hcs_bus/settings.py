@@ -78,6 +78,7 @@ class AgentSettings(_Group, frozen=True, forbid_unknown_fields=True):
     buffer_max_events: int = 10_000
     vendor_tool_timeout_s: float = 5.0
     measure_acu: bool = True
+    measure_timeout_s: float = 120.0  # one benchmark child, for all the devices it measures
     fleet_file: str | None = None
     # node-side VRAM backstop (agents/backstop.py): per-process device memory
     # against each pod's hcs.io/vram-quota; "off" disables it

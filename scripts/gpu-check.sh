@@ -121,7 +121,7 @@ import statistics
 
 import torch
 
-from agents import measuring, nvml
+from agents import benchmark, measuring, nvml
 from agents.parsing import nvml_readings
 from hcs_bus import profiles
 
@@ -129,10 +129,10 @@ db = profiles.load()
 name = torch.cuda.get_device_name(0)
 device = nvml_readings.convert(nvml.read_all(), db=db).devices[0]
 bench = measuring.bench_of(db, device)
-runs = {"measure() as the agent runs it (x20)": 20, "sustained (x200)": 200}
+runs = {"benchmark.measure() as the agent runs it (x20)": 20, "sustained (x200)": 200}
 medians = {}
 for label, iterations in runs.items():
-    samples = [measuring.measure(0, iterations=iterations) or 0.0 for _ in range(10)]
+    samples = [benchmark.measure(0, iterations=iterations) or 0.0 for _ in range(10)]
     medians[iterations] = statistics.median(samples)
     print(f"{name}: FP16 8192^3 matmul, {label}, 10 runs: "
           + ", ".join(f"{s:.0f}" for s in samples)

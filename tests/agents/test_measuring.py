@@ -1,22 +1,29 @@
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from agents import measuring
+from agents import benchmark, measuring
 from agents.parsing import npu_smi, nvml_readings
 from hcs_bus import profiles
 from hcs_bus.messages import Compute, DeviceFingerprint, Telemetry
 from tests.agents.conftest import FIXTURES, fixture_text
 from tests.agents.test_changes import dev
+from tests.agents.test_publishing import until
+
+FAKE_TORCH = Path(__file__).parent / "faketorch"
 
 
 def test_tflops_counts_two_n_cubed_operations_per_matmul() -> None:
-    assert measuring.tflops(n=8192, iterations=20, elapsed_s=0.1) == pytest.approx(219.9, abs=0.1)
+    assert benchmark.tflops(n=8192, iterations=20, elapsed_s=0.1) == pytest.approx(219.9, abs=0.1)
     assert measuring.acu_of(312.0) == 100.0
     with pytest.raises(ValueError, match="elapsed_s"):
-        measuring.tflops(n=8192, iterations=1, elapsed_s=0)
+        benchmark.tflops(n=8192, iterations=1, elapsed_s=0)
 
 
 def test_measured_compute_is_the_profile_scaled_by_the_models_benchmark_and_wins() -> None:
@@ -50,16 +57,17 @@ def test_the_benchmark_figure_comes_from_the_devices_profile(db: profiles.Profil
     assert healthy.compute.acu == pytest.approx(h100.acu, abs=0.01)
 
 
-@pytest.mark.skipif(measuring.backend() is None, reason=measuring.SKIP_REASON)
-def test_a_real_device_measures_a_positive_throughput() -> None:
-    assert (measuring.measure(0, n=2048, iterations=5) or 0) > 1.0
+@pytest.mark.skipif(benchmark.backend() is None, reason=benchmark.SKIP_REASON)
+async def test_a_real_device_measures_a_positive_throughput_in_a_child() -> None:
+    measured = await measuring.measure_in_child([0], timeout_s=120, n=2048, iterations=5)
+    assert measured is not None and measured[0] > 1.0
 
 
 def referenced_profile(db: profiles.ProfileDB) -> tuple[profiles.Profile | None, str]:
     """The profile of GPU 0 where it has a benchmark figure, and why not."""
-    found = measuring.backend()
+    found = benchmark.backend()
     if found is None:
-        return None, measuring.SKIP_REASON
+        return None, benchmark.SKIP_REASON
     torch, _ = found
     name = torch.cuda.get_device_name(0)
     profile = db.match("nvidia", name)
@@ -72,13 +80,14 @@ def referenced_profile(db: profiles.ProfileDB) -> tuple[profiles.Profile | None,
     return profile, ""
 
 
-def test_a_healthy_device_measures_near_its_models_figure(db: profiles.ProfileDB) -> None:
+async def test_a_healthy_device_measures_near_its_models_figure(db: profiles.ProfileDB) -> None:
     profile, why = referenced_profile(db)
     if profile is None:
         pytest.skip(why)
     assert profile.bench_tflops_fp16 is not None
-    measured = measuring.measure(0)
-    assert measured is not None
+    found = await measuring.measure_in_child([0], timeout_s=120)  # as the agent runs it
+    assert found is not None
+    measured = found[0]
     # on the H100 the figure came from, ten runs in a row gave 0.84 to 1.0 of it
     assert 0.75 < measured / profile.bench_tflops_fp16 < 1.2, (measured, profile.key)
 
@@ -94,20 +103,20 @@ def busy(index: int) -> DeviceFingerprint:
 
 
 async def test_each_device_is_measured_once_and_only_while_idle() -> None:
-    runs: list[int] = []
+    runs: list[list[int]] = []
 
-    def run(index: int) -> float:
-        runs.append(index)
-        return 200.0 + index
+    async def run(indices: Sequence[int]) -> dict[int, float]:
+        runs.append(list(indices))
+        return {i: 200.0 + i for i in indices}
 
     measurer = measuring.Measurer(run=run, available=lambda: True)
-    lost = dev(2, error="nvml: GPU is lost")
-    await measurer.update([dev(0), busy(1), lost])
-    assert runs == [0] and measurer.deferred == {"GPU-1"}
-    await measurer.update([dev(0), busy(1), lost])
-    assert runs == [0]  # measured once; still busy; still lost
-    await measurer.update([dev(0), dev(1), lost])  # the job on GPU 1 ended
-    assert runs == [0, 1] and measurer.deferred == set()
+    lost = dev(3, error="nvml: GPU is lost")
+    await measurer.update([dev(0), busy(1), dev(2), lost])
+    assert runs == [[0, 2]] and measurer.deferred == {"GPU-1"}  # one child for both
+    await measurer.update([dev(0), busy(1), dev(2), lost])
+    assert runs == [[0, 2]]  # measured once; still busy; still lost
+    await measurer.update([dev(0), dev(1), dev(2), lost])  # the job on GPU 1 ended
+    assert runs == [[0, 2], [1]] and measurer.deferred == set()
     measured = measurer.apply(dev(1), bench_tflops=201.0)
     assert measured.compute.tflops_fp16_measured == 201.0 and measured.compute.acu == 100.0
     assert measurer.apply(lost, bench_tflops=201.0).compute.tflops_fp16_measured is None
@@ -120,7 +129,7 @@ async def test_without_a_backend_nothing_is_measured_and_it_is_not_asked_again()
         asked.append(True)
         return False
 
-    def run(index: int) -> float:
+    async def run(indices: Sequence[int]) -> dict[int, float]:
         raise AssertionError("measured without a backend")
 
     measurer = measuring.Measurer(run=run, available=available)
@@ -128,6 +137,117 @@ async def test_without_a_backend_nothing_is_measured_and_it_is_not_asked_again()
         await measurer.update([dev(0)])
     assert asked == [True] and measurer.unavailable
     assert measurer.apply(dev(0), bench_tflops=280.0) == dev(0)
+
+
+async def test_pytorch_without_a_device_is_asked_once() -> None:
+    runs: list[list[int]] = []
+
+    async def run(indices: Sequence[int]) -> None:
+        runs.append(list(indices))
+
+    measurer = measuring.Measurer(run=run, available=lambda: True)
+    for _ in range(3):
+        await measurer.update([dev(0), dev(1)])
+    assert runs == [[0, 1]] and measurer.unavailable
+
+
+async def test_a_failed_benchmark_keeps_what_it_finished_and_gives_up_after_three_tries() -> None:
+    runs: list[list[int]] = []
+
+    async def run(indices: Sequence[int]) -> dict[int, float]:
+        runs.append(list(indices))
+        done = {0: 300.0} if 0 in indices else {}
+        raise measuring.MeasureFailed("benchmark exited with 1: CUDA error", measured=done)
+
+    measurer = measuring.Measurer(run=run, available=lambda: True)
+    for _ in range(5):
+        await measurer.update([dev(0), dev(1)])
+    assert runs == [[0, 1], [1], [1]]  # GPU 0 done at once; GPU 1 tried three times
+    assert measurer.tflops == {"GPU-0": 300.0} and measurer.failures == {"GPU-1": 3}
+    assert measurer.apply(dev(1), bench_tflops=280.0) == dev(1)  # its profile stands
+
+
+@pytest.fixture
+def fake_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The benchmark child imports tests/agents/faketorch's torch; returns the
+    file where that child writes its pid."""
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(FAKE_TORCH), os.environ.get("PYTHONPATH", "")])
+    )
+    monkeypatch.setenv("HCS_FAKE_TORCH_REPORT", str(tmp_path / "child.json"))
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # what the child must not keep
+    return tmp_path / "child.json"
+
+
+def child_of(report: Path) -> dict[str, object]:
+    child: dict[str, object] = json.loads(report.read_text())
+    return child
+
+
+def gone(pid: object) -> bool:
+    assert isinstance(pid, int)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_the_benchmark_child_measures_each_device_in_nvml_order_and_is_gone_after(
+    fake_torch: Path,
+) -> None:
+    measured = await measuring.measure_in_child([0, 1], timeout_s=60, n=64, iterations=2)
+    assert measured is not None and sorted(measured) == [0, 1]
+    assert all(tflops > 0 for tflops in measured.values())
+    child = child_of(fake_torch)
+    assert child["order"] == "PCI_BUS_ID" and gone(child["pid"])  # its context went with it
+
+
+async def test_a_child_without_a_device_says_so(
+    fake_torch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HCS_FAKE_TORCH", "none")
+    assert await measuring.measure_in_child([0], timeout_s=60) is None
+
+
+async def test_a_crashed_child_keeps_the_devices_it_finished_and_names_the_error(
+    fake_torch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HCS_FAKE_TORCH", "crash")  # device 1 fails
+    with pytest.raises(
+        measuring.MeasureFailed, match="exited with 1: RuntimeError: CUDA error"
+    ) as e:
+        await measuring.measure_in_child([0, 1], timeout_s=60, n=64, iterations=2)
+    assert list(e.value.measured) == [0] and gone(child_of(fake_torch)["pid"])
+
+
+async def test_a_hung_child_is_killed_at_the_timeout(
+    fake_torch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HCS_FAKE_TORCH", "hang")
+    with pytest.raises(measuring.MeasureFailed, match=r"still running after 2 s; killed"):
+        await measuring.measure_in_child([0], timeout_s=2, n=64, iterations=2)
+    assert gone(child_of(fake_torch)["pid"])
+
+
+async def test_a_cancelled_measurement_kills_its_child(
+    fake_torch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HCS_FAKE_TORCH", "hang")
+    task = asyncio.get_running_loop().create_task(measuring.measure_in_child([0], timeout_s=600))
+    await until(fake_torch.exists, timeout_s=30)  # the child is in the benchmark
+    await until(lambda: bool(fake_torch.read_text()), timeout_s=5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gone(child_of(fake_torch)["pid"])
+
+
+async def test_the_agents_measurer_runs_the_child_by_default(fake_torch: Path) -> None:
+    measurer = measuring.Measurer(timeout_s=60, available=lambda: True)
+    await measurer.update([dev(0), dev(1)])
+    assert set(measurer.tflops) == {"GPU-0", "GPU-1"} and not measurer.failures
+    assert measurer.apply(dev(1), bench_tflops=None).telemetry.achieved_tflops_fp16 is not None
 
 
 @pytest.mark.parametrize(

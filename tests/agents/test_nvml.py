@@ -4,11 +4,13 @@ cannot be loaded)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
 
-from agents import measuring, nvml
+from agents import benchmark, nvml
+from agents.backstop import nvml_processes
 from agents.parsing import nvml_readings
 from agents.running import run_node
 from hcs_bus import subjects
@@ -34,6 +36,7 @@ async def test_the_node_agent_publishes_this_gpu_with_its_measured_compute(bus, 
     where PyTorch is present, and a fingerprint on the real bus."""
     got: list = []
     sub = await collect(bus, subjects.fp("gpu-node"), got)
+    used_before = used_mib(0)
     settings = Settings(
         kube=KubeSettings(mode="none"),
         agent=AgentSettings(node_name="gpu-node", report_interval_s=0.5),
@@ -51,7 +54,7 @@ async def test_the_node_agent_publishes_this_gpu_with_its_measured_compute(bus, 
     profile = db.get(f"{device.vendor}/{device.model}")
     compute = device.compute
     assert compute.acu_profile == round(profile.acu, 2)
-    if measuring.backend() is None:  # NVML without PyTorch: the profile alone
+    if benchmark.backend() is None:  # NVML without PyTorch: the profile alone
         assert compute.tflops_fp16_measured is None and compute.acu == compute.acu_profile
         return
     assert compute.tflops_fp16_measured is not None and compute.tflops_fp16_measured > 1.0
@@ -63,6 +66,15 @@ async def test_the_node_agent_publishes_this_gpu_with_its_measured_compute(bus, 
         scaled = compute.acu_profile * compute.tflops_fp16_measured / profile.bench_tflops_fp16
         assert compute.acu_measured == pytest.approx(scaled, abs=0.01)
         assert 0.75 < compute.acu_measured / compute.acu_profile < 1.2, compute
+    # the benchmark ran in a child that took its context and cache with it: the
+    # agent (this process) holds nothing on the GPU, which has its memory back
+    assert os.getpid() not in {p.pid for p in nvml_processes()}
+    await until(lambda: used_mib(0) < used_before + 256, timeout_s=10.0)
+
+
+def used_mib(index: int) -> int:
+    reading = nvml.read_all()[index]
+    return (reading["memory_total_b"] - reading["memory_free_b"]) // 2**20
 
 
 async def test_the_event_watcher_registers_every_gpu_that_reports_xid_or_ecc_events(
