@@ -125,7 +125,10 @@ async def measure_in_child(
     child still running when this is cancelled is killed)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices as NVML's (fastest first otherwise)
+    # CUDA's indices as NVML's: in PCI order (fastest first otherwise), over
+    # every device NVML sees (it ignores CUDA_VISIBLE_DEVICES)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
     args = [str(i) for i in indices] + ["--n", str(n), "--iterations", str(iterations)]
     child = await asyncio.create_subprocess_exec(
         sys.executable,

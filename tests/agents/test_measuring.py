@@ -176,6 +176,7 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     )
     monkeypatch.setenv("HCS_FAKE_TORCH_REPORT", str(tmp_path / "child.json"))
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # what the child must not keep
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # nor this: NVML's indices count every GPU
     return tmp_path / "child.json"
 
 
@@ -200,7 +201,8 @@ async def test_the_benchmark_child_measures_each_device_in_nvml_order_and_is_gon
     assert measured is not None and sorted(measured) == [0, 1]
     assert all(tflops > 0 for tflops in measured.values())
     child = child_of(fake_torch)
-    assert child["order"] == "PCI_BUS_ID" and gone(child["pid"])  # its context went with it
+    assert child["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and child["CUDA_VISIBLE_DEVICES"] is None
+    assert gone(child["pid"])  # its context went with it
 
 
 async def test_a_child_without_a_device_says_so(

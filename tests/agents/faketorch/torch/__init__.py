@@ -2,7 +2,7 @@
 (``agents.benchmark`` run by ``agents.measuring.measure_in_child``): only what
 the benchmark calls. ``HCS_FAKE_TORCH`` picks its behaviour: ``ok``, ``none``
 (no device), ``hang`` (synchronize never returns), ``crash`` (device 1 fails as
-a CUDA error would). At import it writes its pid and the CUDA_DEVICE_ORDER it
+a CUDA error would). At import it writes its pid and the CUDA variables it
 was given to ``HCS_FAKE_TORCH_REPORT``, so a test can check the child is gone,
 and prints a banner on stdout as some vendor libraries do.
 The real thing is tested on a GPU (tests/agents/test_nvml.py)."""
@@ -14,7 +14,8 @@ import time
 MODE = os.environ.get("HCS_FAKE_TORCH", "ok")
 if os.environ.get("HCS_FAKE_TORCH_REPORT"):
     with open(os.environ["HCS_FAKE_TORCH_REPORT"], "w") as report:
-        json.dump({"pid": os.getpid(), "order": os.environ.get("CUDA_DEVICE_ORDER")}, report)
+        seen = {k: os.environ.get(k) for k in ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")}
+        json.dump({"pid": os.getpid(), **seen}, report)
 
 print("[fake torch] a vendor library's banner, on stdout")  # not an answer: passed over
 
