@@ -14,15 +14,19 @@ Standard library and PyTorch only: nothing here logs, so stdout is the answer.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import importlib.util
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 SKIP_REASON = "needs PyTorch with a CUDA or NPU device"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def tflops(*, n: int, iterations: int, elapsed_s: float) -> float:
@@ -69,12 +73,28 @@ def measure(index: int, *, n: int = 8192, iterations: int = 20) -> float | None:
     return tflops(n=n, iterations=iterations, elapsed_s=time.perf_counter() - started)
 
 
+def die_with(parent: int) -> None:
+    """Have the kernel kill this process when ``parent`` (the agent) dies: a
+    benchmark left behind by a crashed agent, or one hung in the driver,
+    would hold its device memory with nobody to stop it (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:  # it died before the prctl took hold
+        sys.exit(f"agents.benchmark: the agent (pid {parent}) is gone")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.benchmark", description=__doc__)
     parser.add_argument("index", type=int, nargs="+", help="device index, as NVML counts")
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--parent", type=int, help="die with this process (the agent's pid)")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        die_with(args.parent)
     found = backend()
     if found is None:
         print(json.dumps({"index": None, "tflops": None, "reason": SKIP_REASON}), flush=True)

@@ -121,15 +121,17 @@ async def measure_in_child(
 ) -> dict[int, float] | None:
     """Each device's TFLOPS, measured by ``python -m agents.benchmark`` in a
     child process that is gone when this returns; None where PyTorch reaches
-    no device. Raises MeasureFailed on a timeout, a crash or a bad answer (a
-    child still running when this is cancelled is killed)."""
+    no device. Raises MeasureFailed on a timeout, a crash or a bad answer. A
+    child still running when this is cancelled is killed, and one whose agent
+    dies is killed by the kernel."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
     # CUDA's indices as NVML's: in PCI order (fastest first otherwise), over
     # every device NVML sees (it ignores CUDA_VISIBLE_DEVICES)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    args = [str(i) for i in indices] + ["--n", str(n), "--iterations", str(iterations)]
+    args = [*(str(i) for i in indices), "--n", str(n), "--iterations", str(iterations)]
+    args += ["--parent", str(os.getpid())]  # killed by the kernel if the agent dies
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

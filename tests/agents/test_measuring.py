@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -186,12 +187,13 @@ def child_of(report: Path) -> dict[str, object]:
 
 
 def gone(pid: object) -> bool:
+    """No such process, or only its exit status left (a zombie)."""
     assert isinstance(pid, int)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return True
-    return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 async def test_the_benchmark_child_measures_each_device_in_nvml_order_and_is_gone_after(
@@ -243,6 +245,26 @@ async def test_a_cancelled_measurement_kills_its_child(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert gone(child_of(fake_torch)["pid"])
+
+
+async def test_a_child_dies_with_the_agent_that_started_it(
+    fake_torch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HCS_FAKE_TORCH", "hang")
+    root = str(Path(measuring.__file__).parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ["PYTHONPATH"]]))
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import asyncio; from agents import measuring;"
+        " asyncio.run(measuring.measure_in_child([0], timeout_s=600))",
+    )
+    try:
+        await until(lambda: fake_torch.exists() and bool(fake_torch.read_text()), timeout_s=30)
+    finally:
+        agent.kill()  # as SIGKILL or the OOM killer would
+        await agent.wait()
+    await until(lambda: gone(child_of(fake_torch)["pid"]), timeout_s=10)
 
 
 async def test_the_agents_measurer_runs_the_child_by_default(fake_torch: Path) -> None:
