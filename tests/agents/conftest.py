@@ -9,7 +9,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from agents import detecting, labeling
+from agents import detecting, labeling, measuring
 from hcs_bus import profiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,7 +26,8 @@ def fixture_text(name: str) -> str:
 
 @pytest.fixture
 def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[MutableMapping[str, Any]]]:
-    """Captured log entries of the agent's labelling and detecting, at every level."""
+    """Captured log entries of the agent's labelling, detecting and measuring, at
+    every level."""
     saved = structlog.get_config()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
     try:
@@ -34,6 +35,7 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[MutableMapping[str, A
             # fresh proxies: the cached module loggers would bypass the capture
             monkeypatch.setattr(labeling, "_log", structlog.get_logger("hcs.agent.labeling"))
             monkeypatch.setattr(detecting, "_log", structlog.get_logger("hcs.agent.detecting"))
+            monkeypatch.setattr(measuring, "_log", structlog.get_logger("hcs.agent.measuring"))
             yield entries
     finally:
         structlog.configure(**saved)

@@ -4,8 +4,9 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,7 +153,9 @@ async def test_pytorch_without_a_device_is_asked_once() -> None:
     assert runs == [[0, 1]] and measurer.unavailable
 
 
-async def test_a_failed_benchmark_keeps_what_it_finished_and_gives_up_after_three_tries() -> None:
+async def test_a_failed_benchmark_keeps_what_it_finished_and_gives_up_after_three_tries(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
     runs: list[list[int]] = []
 
     async def run(indices: Sequence[int]) -> dict[int, float]:
@@ -166,6 +169,14 @@ async def test_a_failed_benchmark_keeps_what_it_finished_and_gives_up_after_thre
     assert runs == [[0, 1], [1], [1]]  # GPU 0 done at once; GPU 1 tried three times
     assert measurer.tflops == {"GPU-0": 300.0} and measurer.failures == {"GPU-1": 3}
     assert measurer.apply(dev(1), bench_tflops=280.0) == dev(1)  # its profile stands
+    failed = [e for e in logs if e["event"] == "acu_measure_failed"]
+    assert [(e["uuid"], e["tries"], e["gives_up"]) for e in failed] == [
+        ("GPU-1", 1, False),
+        ("GPU-1", 2, False),
+        ("GPU-1", 3, True),
+    ]
+    assert all(e["error"] == "benchmark exited with 1: CUDA error" for e in failed)
+    assert [e["uuid"] for e in logs if e["event"] == "acu_measured"] == ["GPU-0"]
 
 
 @pytest.fixture
