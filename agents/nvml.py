@@ -108,6 +108,9 @@ def read_one(handle: Any, index: int) -> dict[str, Any]:
         "pci_device_id": int(pci.pciDeviceId),
         "memory_total_b": int(memory.total),
         "memory_free_b": int(memory.free),
+        # what the driver and firmware hold (v2 API; None where unsupported):
+        # recorded, not used yet: capacity still counts the whole total
+        "memory_reserved_b": _reserved_b(handle),
         "cuda_capability": _try(n.nvmlDeviceGetCudaComputeCapability, handle),
         "sm_clock_mhz": _try(n.nvmlDeviceGetClockInfo, handle, n.NVML_CLOCK_SM) or 0,
         "max_sm_clock_mhz": _try(n.nvmlDeviceGetMaxClockInfo, handle, n.NVML_CLOCK_SM) or 0,
@@ -123,6 +126,14 @@ def read_one(handle: Any, index: int) -> dict[str, Any]:
         "nvlinks": _nvlinks(handle),
     }
     return reading
+
+
+def _reserved_b(handle: Any) -> int | None:
+    import pynvml as n
+
+    version = getattr(n, "nvmlMemory_v2", None)
+    memory = _try(n.nvmlDeviceGetMemoryInfo, handle, version) if version else None
+    return int(memory.reserved) if memory is not None else None
 
 
 def read_all() -> list[dict[str, Any]]:

@@ -143,6 +143,25 @@ print(f"profile of {device.model}: peak {device.compute.tflops_fp16_profile} TFL
       f"measured ACU {scaled.compute.acu_measured} (as a share of the A100's peak it would be "
       f"{measuring.acu_of(medians[20]):.1f})")
 EOF
+  # what a tenant holds outside its slice, and what no tenant can have: the
+  # figures a slice's true cost needs (the ledger counts neither yet)
+  timeout 60 "$PY" - <<'EOF' || echo "context size: failed $?"
+import os
+
+import pynvml
+import torch
+
+torch.zeros(1, device="cuda:0")
+torch.cuda.synchronize()
+pynvml.nvmlInit()
+handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+mine = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        if p.pid == os.getpid() and p.usedGpuMemory is not None]
+memory = pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
+print(f"a PyTorch process holding one small tensor: {[m // 2**20 for m in mine]} MiB on GPU 0 "
+      f"(its CUDA context and PyTorch's first block); the driver and firmware hold "
+      f"{memory.reserved // 2**20} MiB of {memory.total // 2**20} (nvmlMemory_v2.reserved)")
+EOF
   grep -A2 '^interceptor bench' "$OUT/pytest.txt" || echo "interceptor bench: not in pytest.txt"
 } 2>&1 | tee "$OUT/figures.txt"
 
