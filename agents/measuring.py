@@ -132,16 +132,19 @@ async def measure_in_child(
     env.pop("CUDA_VISIBLE_DEVICES", None)
     args = [*(str(i) for i in indices), "--n", str(n), "--iterations", str(iterations)]
     args += ["--parent", str(os.getpid())]  # killed by the kernel if the agent dies
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agents.benchmark",
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
+    try:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agents.benchmark",
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+    except OSError as exc:  # no memory or pids left to fork: the agent goes on
+        raise MeasureFailed(f"benchmark of devices {list(indices)} not started: {exc}") from exc
     try:
         out, err = await asyncio.wait_for(child.communicate(), timeout_s)
     except TimeoutError:

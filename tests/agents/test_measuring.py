@@ -236,6 +236,16 @@ async def test_a_crashed_child_keeps_the_devices_it_finished_and_names_the_error
     assert list(e.value.measured) == [0] and gone(child_of(fake_torch)["pid"])
 
 
+async def test_a_child_that_cannot_be_started_is_a_failed_measurement(
+    fake_torch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(fake_torch.parent / "no-such-python"))
+    with pytest.raises(
+        measuring.MeasureFailed, match=r"devices \[0\] not started: .*no-such-python"
+    ):
+        await measuring.measure_in_child([0], timeout_s=60)
+
+
 async def test_a_hung_child_is_killed_at_the_timeout(
     fake_torch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
