@@ -189,7 +189,10 @@ class Extender:
         """``first``; or, when the pods picked for it a moment ago and not
         booked there yet would leave no room for this one, the best of
         ``names`` they leave room on (``first`` again if none). Remembered
-        as this pod's pick until it is booked."""
+        as this pod's pick until it is booked. Under ``spread`` the picks
+        count as placed when ``first`` is chosen (``_emptiest_after_picks``)."""
+        if self.weights.spread and self._plain(pod, demand):
+            first = self._emptiest_after_picks(pod, cache, names, first)
         tried: set[str] = set()
         best = first
         while not self._room_after_picks(pod, best, demand):
@@ -201,6 +204,43 @@ class Extender:
             best = await self._best(pod, cache, rest)
         self.picks.add(pod.ref.uid, pod_key(pod.ref.namespace, pod.ref.name), best, demand)
         return best
+
+    def _emptiest_after_picks(
+        self, pod: PodInfo, cache: caching.DemandCache, names: list[str], first: str
+    ) -> str:
+        """The node of ``names`` that scores highest once the pods picked for
+        each and not booked yet count as placed there (the fewest picks breaks
+        a tie; ``first``, the best by cached scores, when nobody is picked for
+        it). kube-scheduler binds in the background and hands each pod the
+        nodes in the same order, so without this a burst's pods all tie on
+        one emptiest node and fill it before the next: pack, not spread."""
+        top = self._standing(pod, cache, first)
+        if top[1] == 0:
+            return first
+        best, ceiling = first, cache.kept_scores.get(first, top[0])
+        for name in names:
+            score = cache.kept_scores.get(name)
+            if score is None or score < top[0] or name == first:
+                continue  # picks only lower a score under spread: it cannot win
+            found = self._standing(pod, cache, name)
+            if found > top:
+                best, top = name, found
+                if found == (ceiling, 0):  # no node can do better
+                    break
+        return best
+
+    def _standing(self, pod: PodInfo, cache: caching.DemandCache, name: str) -> tuple[int, int]:
+        """(score, -picks) of ``name`` once the pods picked for it count as placed."""
+        entry = cache.entry(name)
+        node = self.view.state.nodes.get(name)
+        if entry.parts is None or node is None:
+            return (-1, 0)
+        others = self.picks.on(name, besides=pod.ref.uid, booked=node.reservations.__contains__)
+        if not others:
+            return (entry.score, 0)
+        parts = placing.with_others(node, entry.parts, cache.demand, others)
+        score = placing.node_score(parts, weights=self.weights, best_gbps=0.0, job_groups=None)
+        return (score, -len(others))
 
     def _room_after_picks(self, pod: PodInfo, name: str, demand: PlanAnnotation) -> bool:
         node = self.view.state.nodes.get(name)

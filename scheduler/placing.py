@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hcs_bus.messages import DeviceSlice, NodeReservations, Reservation
 from hcs_bus.settings import SchedulerSettings
@@ -211,6 +211,26 @@ def components(node: NodeView, fit: Fit, demand: Demand) -> Components:
         topology_gbps=low if demand.devices > 1 else 0.0,
         group=network_group(node),
     )
+
+
+def with_others(
+    node: NodeView, parts: Components, demand: Demand, others: Sequence[Demand]
+) -> Components:
+    """``parts`` (of ``node`` for ``demand``) once ``others``, pods promised
+    the node and not booked there yet, hold their VRAM of ``demand``'s class
+    too: its binpack share when their binds land."""
+    key = demand.key
+    if not any(o.key == key for o in others):
+        return parts
+    of_class = [d for d in node.devices.values() if device_class(d) == key]
+    total = sum(d.fp.vram_total_mib for d in of_class) or 1
+    largest = max((d.fp.vram_total_mib for d in of_class), default=0)
+    taken = sum(
+        o.devices * (largest if o.whole_device else o.vram_mib_per_device)
+        for o in others
+        if o.key == key
+    )
+    return replace(parts, binpack=min(parts.binpack + taken / total, 1.0))
 
 
 def _takes(device: DeviceView, demand: Demand) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
@@ -412,6 +413,32 @@ def _bare(name: str, plan: dict[str, Any]) -> dict[str, Any]:
     args["Pod"] = pod(name, plan=plan)
     args["Pod"]["metadata"].pop("ownerReferences", None)
     return args
+
+
+@pytest.mark.parametrize("placement", ["spread", "pack"])
+async def test_under_spread_a_burst_picked_before_any_bind_takes_the_emptiest_nodes_in_turn(
+    bus: Bus, start_scheduler: Start, placement: str
+) -> None:
+    """kube-scheduler binds in the background and hands each pod the nodes in
+    the same order: the empty gpu-node-a and gpu-node-c tie, and a burst that
+    did not count the pods picked for them would fill gpu-node-a first (as
+    pack does, which keeps to gpu-node-b: the fullest)."""
+    kube = FakeKube()
+    await _fleet(bus)
+    _held_pods(kube.add_pod)
+    sched = await start_scheduler(bus, kube, placement=placement)
+    await until(lambda: len(sched.view.state.nodes["gpu-node-b"].reservations) == 7)
+    await until(lambda: len(sched.view.state.nodes) == 3)
+    slice_plan = {**A100_TWO, "devices": 1, "vram_mib_per_device": 8192, "whole_device": False}
+    picked: list[str] = []
+    for i in range(6):
+        status, out = await _post(sched.port, "filter", _bare(f"s{i}", slice_plan))
+        assert status == 200 and len(out["NodeNames"]) == 1
+        picked += out["NodeNames"]
+    if placement == "pack":
+        assert picked == ["gpu-node-b"] * 6
+    else:
+        assert picked == ["gpu-node-a", "gpu-node-c"] * 3
 
 
 async def test_pods_picked_for_a_node_and_not_yet_bound_there_leave_room_for_the_next_ones(

@@ -225,3 +225,29 @@ def test_room_after_picks_counts_each_picked_pod_on_the_devices_a_bind_would_giv
     assert placing.fits_after(node, held, [a100_slice(81920 * 2)], forty)
     assert placing.fits_after(node, None, [whole, forty], forty)  # nothing held: two devices
     assert node.devices[1].reserved_mib == 0  # the node itself is left as it was
+
+
+def test_pods_picked_for_a_node_count_in_its_binpack_share_as_their_binds_will() -> None:
+    state = state_of(node_fp("n", count=2))  # two 80 GiB devices: 160 GiB of the class
+    node = state.nodes["n"]
+    forty, whole = a100_slice(40960), a100_slice(81920, whole=True)
+    parts = placing.components(node, placing.check_node(node, forty), forty)
+    assert parts.binpack == pytest.approx(0.25)  # this pod's 40 of 160
+    assert placing.with_others(node, parts, forty, []) is parts
+    assert placing.with_others(node, parts, forty, [forty]).binpack == pytest.approx(0.5)
+    assert placing.with_others(node, parts, forty, [whole, forty]).binpack == pytest.approx(1.0)
+    full = placing.with_others(node, parts, forty, [whole, whole, forty])
+    assert full.binpack == 1.0  # never more than all of it
+    h100 = PlanAnnotation(
+        vendor="nvidia", model="H100-SXM", devices=1, vram_mib_per_device=40960, whole_device=False
+    )
+    assert placing.with_others(node, parts, forty, [h100]) == parts  # another class's VRAM
+    spread = placing.Weights(spread=True)
+    emptier = placing.node_score(parts, weights=spread, best_gbps=0.0, job_groups=None)
+    fuller = placing.node_score(
+        placing.with_others(node, parts, forty, [whole]),
+        weights=spread,
+        best_gbps=0.0,
+        job_groups=None,
+    )
+    assert fuller < emptier  # under spread, a node promised to others ranks lower
