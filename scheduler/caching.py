@@ -36,6 +36,7 @@ class Entry:
     fit: placing.Fit
     parts: placing.Components | None
     score: int = 0  # for single devices without a job: topology and affinity are moot
+    rank: float = 0.0  # the score, then under spread the free share (placing.rank)
 
 
 @dataclass(slots=True)
@@ -61,7 +62,7 @@ class DemandCache:
         self.budget = budget if budget is not None else Budget(limit=MAX_ENTRIES)
         self.entries: dict[str, Entry] = {}
         self.ok: set[str] = set()
-        self.kept_scores: dict[str, int] = {}  # of the kept entries that fit
+        self.kept_ranks: dict[str, float] = {}  # of the kept entries that fit
         self.fragments: dict[str, bytes] = {}
         self._all_fit: bytes | None = None  # plain_scores of exactly ``ok``, built once
         self.retired = False  # evicted: answers are still given, never kept
@@ -71,14 +72,14 @@ class DemandCache:
         if self.entries.pop(name, None) is not None:
             self._all_fit = None
             self.ok.discard(name)
-            self.kept_scores.pop(name, None)
+            self.kept_ranks.pop(name, None)
             self.fragments.pop(name, None)
             self.budget.used -= 1
 
     def retire(self) -> None:
         self.retired = True
         self.budget.used -= len(self.entries)
-        self.entries, self.ok, self.kept_scores, self.fragments = {}, set(), {}, {}
+        self.entries, self.ok, self.kept_ranks, self.fragments = {}, set(), {}, {}
         self._all_fit = None
 
     def entry(self, name: str) -> Entry:
@@ -90,17 +91,18 @@ class DemandCache:
             return self._unknown
         fit = placing.check_node(node, self.demand)
         parts = placing.components(node, fit, self.demand) if fit.ok else None
-        score = 0
+        score, rank = 0, 0.0
         if parts is not None:
             score = placing.node_score(parts, weights=self.weights, best_gbps=0.0, job_groups=None)
-        found = Entry(fit, parts, score)
+            rank = placing.rank(parts, score, weights=self.weights)
+        found = Entry(fit, parts, score, rank)
         if not self.retired and self.budget.used < self.budget.limit:
             self.entries[name] = found
             self._all_fit = None
             self.budget.used += 1
             if parts is not None:
                 self.ok.add(name)
-                self.kept_scores[name] = score
+                self.kept_ranks[name] = rank
             self.fragments[name] = _fragment(name, score)
         return found
 
@@ -121,23 +123,24 @@ class DemandCache:
         return passed, failed, unresolvable
 
     def best(self, names: list[str]) -> str:
-        """The first of ``names`` (nodes that fit) with the highest score when
-        topology and affinity do not matter: one ``max`` over the kept scores
-        (it keeps the first of a tie). ``filter`` passes only nodes whose fit
-        is kept, so the scores are there unless the budget is spent."""
+        """The first of ``names`` (nodes that fit) with the highest rank (the
+        score; under spread, then the free share) when topology and affinity
+        do not matter: one ``max`` over the kept ranks (it keeps the first of
+        a tie). ``filter`` passes only nodes whose fit is kept, so the ranks
+        are there unless the budget is spent."""
         try:
-            return max(names, key=self.kept_scores.__getitem__)
-        except KeyError:  # an entry not kept: scored one by one
-            found = [self.entry(n).score for n in names]
+            return max(names, key=self.kept_ranks.__getitem__)
+        except KeyError:  # an entry not kept: ranked one by one
+            found = [self.entry(n).rank for n in names]
             return names[found.index(max(found))]
 
     def best_if_all_fit(self, names: list[str]) -> str | None:
         """``best(names)`` when every one of ``names`` fits and is kept, else
-        None: one ``max`` over the kept scores, which fails on the first name
+        None: one ``max`` over the kept ranks, which fails on the first name
         without one, so the common answer costs one pass, not a ``filter``
         pass and then a ``best`` pass."""
         try:
-            return max(names, key=self.kept_scores.__getitem__) if names else None
+            return max(names, key=self.kept_ranks.__getitem__) if names else None
         except KeyError:
             return None
 

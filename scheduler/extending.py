@@ -208,39 +208,37 @@ class Extender:
     def _emptiest_after_picks(
         self, pod: PodInfo, cache: caching.DemandCache, names: list[str], first: str
     ) -> str:
-        """The node of ``names`` that scores highest once the pods picked for
-        each and not booked yet count as placed there (the fewest picks breaks
-        a tie; ``first``, the best by cached scores, when nobody is picked for
-        it). kube-scheduler binds in the background and hands each pod the
-        nodes in the same order, so without this a burst's pods all tie on
-        one emptiest node and fill it before the next: pack, not spread."""
-        top = self._standing(pod, cache, first)
-        if top[1] == 0:
+        """The node of ``names`` that ranks highest once the pods picked for
+        each and not booked yet count as placed there (``first``, the best by
+        cached ranks, when none is picked for it). kube-scheduler binds in the
+        background and hands each pod the nodes in the same order, so without
+        this a burst's pods all go to one emptiest node until their bookings
+        land: pack, not spread."""
+        top = self._rank_after_picks(pod, cache, first)
+        if top == cache.kept_ranks.get(first):
             return first
-        best, ceiling = first, cache.kept_scores.get(first, top[0])
+        best = first
         for name in names:
-            score = cache.kept_scores.get(name)
-            if score is None or score < top[0] or name == first:
-                continue  # picks only lower a score under spread: it cannot win
-            found = self._standing(pod, cache, name)
+            cached = cache.kept_ranks.get(name)
+            if cached is None or cached <= top or name == first:
+                continue  # picks only lower a rank under spread: it cannot win
+            found = self._rank_after_picks(pod, cache, name)
             if found > top:
                 best, top = name, found
-                if found == (ceiling, 0):  # no node can do better
-                    break
         return best
 
-    def _standing(self, pod: PodInfo, cache: caching.DemandCache, name: str) -> tuple[int, int]:
-        """(score, -picks) of ``name`` once the pods picked for it count as placed."""
+    def _rank_after_picks(self, pod: PodInfo, cache: caching.DemandCache, name: str) -> float:
+        """``name``'s rank (``placing.rank``) once the pods picked for it count as placed."""
         entry = cache.entry(name)
         node = self.view.state.nodes.get(name)
         if entry.parts is None or node is None:
-            return (-1, 0)
+            return -1.0
         others = self.picks.on(name, besides=pod.ref.uid, booked=node.reservations.__contains__)
         if not others:
-            return (entry.score, 0)
+            return entry.rank
         parts = placing.with_others(node, entry.parts, cache.demand, others)
         score = placing.node_score(parts, weights=self.weights, best_gbps=0.0, job_groups=None)
-        return (score, -len(others))
+        return placing.rank(parts, score, weights=self.weights)
 
     def _room_after_picks(self, pod: PodInfo, name: str, demand: PlanAnnotation) -> bool:
         node = self.view.state.nodes.get(name)

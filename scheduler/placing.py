@@ -40,6 +40,7 @@ from scheduler.state import NETWORK_LABELS, DeviceView, NodeView, booked, hold_s
 
 Demand = PlanAnnotation
 MAX_EXACT_DEVICES = 16
+TIE_WEIGHT = 0.5  # under one score step: the free share orders nodes of one score only
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +275,17 @@ def node_score(
         return 0
     value = sum(w * c for w, c in pairs) / total_weight
     return max(0, min(10, round(value * 10)))
+
+
+def rank(parts: Components, score: int, *, weights: Weights) -> float:
+    """What picks one node of several: its score, and under spread then its
+    free share (the emptiest first). The extender's 0..10 scores are coarse:
+    an 80 GiB × 8 node scores the same holding 8 or 23 pods of 16 GiB, so
+    without the finer order a burst fills the first of them. The share adds
+    less than one score step (``TIE_WEIGHT``), so it orders ties only."""
+    if not weights.spread:
+        return float(score)
+    return score + TIE_WEIGHT * (1.0 - parts.binpack)
 
 
 # ------------------------------------------------------------- preemption --

@@ -6,6 +6,7 @@ import pytest
 
 from hcs_bus.messages import NodeReservations
 from scheduler import placing
+from scheduler.caching import NodeCache
 from scheduler.pods import PlanAnnotation
 from scheduler.state import booked
 from tests.scheduler.helpers import a100_slice, dev, node_fp, state_of
@@ -251,3 +252,24 @@ def test_pods_picked_for_a_node_count_in_its_binpack_share_as_their_binds_will()
         job_groups=None,
     )
     assert fuller < emptier  # under spread, a node promised to others ranks lower
+
+
+def _holding(state, node: str, pods: int) -> None:
+    """``pods`` slices of 16 GiB on ``node``, over its devices in turn."""
+    held = tuple(reservation("ml", f"{node}-{i}", [(i % 8, 16384, False)]) for i in range(pods))
+    state.apply_reservations(node, NodeReservations(node=node, reservations=held))
+
+
+@pytest.mark.parametrize(("placement", "chosen"), [("spread", "n1"), ("pack", "n2")])
+def test_of_nodes_with_one_score_spread_takes_the_emptiest_not_the_first(
+    placement: str, chosen: str
+) -> None:
+    state = state_of(node_fp("n1"), node_fp("n2"))  # 8 × 80 GiB each
+    _holding(state, "n1", 10)
+    _holding(state, "n2", 20)
+    weights = placing.Weights(spread=placement == "spread")
+    cache = NodeCache(state, weights=weights).of(SLICE)
+    if placement == "spread":  # 10 and 20 pods of 16 GiB: the same score
+        assert cache.entry("n1").score == cache.entry("n2").score
+    assert cache.best(["n2", "n1"]) == chosen
+    assert cache.best_if_all_fit(["n2", "n1"]) == chosen
