@@ -36,7 +36,7 @@ class Entry:
     fit: placing.Fit
     parts: placing.Components | None
     score: int = 0  # for single devices without a job: topology and affinity are moot
-    rank: float = 0.0  # the score, then under spread the free share (placing.rank)
+    rank: float = 0.0  # the score, then under spread the free share (placing.ranked)
 
 
 @dataclass(slots=True)
@@ -91,10 +91,7 @@ class DemandCache:
             return self._unknown
         fit = placing.check_node(node, self.demand)
         parts = placing.components(node, fit, self.demand) if fit.ok else None
-        score, rank = 0, 0.0
-        if parts is not None:
-            score = placing.node_score(parts, weights=self.weights, best_gbps=0.0, job_groups=None)
-            rank = placing.rank(parts, score, weights=self.weights)
+        score, rank = placing.ranked(parts, weights=self.weights) if parts is not None else (0, 0.0)
         found = Entry(fit, parts, score, rank)
         if not self.retired and self.budget.used < self.budget.limit:
             self.entries[name] = found

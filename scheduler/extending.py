@@ -228,7 +228,7 @@ class Extender:
         return best
 
     def _rank_after_picks(self, pod: PodInfo, cache: caching.DemandCache, name: str) -> float:
-        """``name``'s rank (``placing.rank``) once the pods picked for it count as placed."""
+        """``name``'s rank (``placing.ranked``) once the pods picked for it count as placed."""
         entry = cache.entry(name)
         node = self.view.state.nodes.get(name)
         if entry.parts is None or node is None:
@@ -237,8 +237,7 @@ class Extender:
         if not others:
             return entry.rank
         parts = placing.with_others(node, entry.parts, cache.demand, others)
-        score = placing.node_score(parts, weights=self.weights, best_gbps=0.0, job_groups=None)
-        return placing.rank(parts, score, weights=self.weights)
+        return placing.ranked(parts, weights=self.weights)[1]
 
     def _room_after_picks(self, pod: PodInfo, name: str, demand: PlanAnnotation) -> bool:
         node = self.view.state.nodes.get(name)

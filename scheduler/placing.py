@@ -277,15 +277,18 @@ def node_score(
     return max(0, min(10, round(value * 10)))
 
 
-def rank(parts: Components, score: int, *, weights: Weights) -> float:
-    """What picks one node of several: its score, and under spread then its
-    free share (the emptiest first). The extender's 0..10 scores are coarse:
-    an 80 GiB × 8 node scores the same holding 8 or 23 pods of 16 GiB, so
-    without the finer order a burst fills the first of them. The share adds
-    less than one score step (``TIE_WEIGHT``), so it orders ties only."""
+def ranked(parts: Components, *, weights: Weights) -> tuple[int, float]:
+    """(score, rank) of a node for a pod whose score topology and job affinity
+    leave alone (one device, no job placed yet). The rank picks one node of
+    several: the score, and under spread then the free share (the emptiest
+    first). The 0..10 scores are coarse: an 80 GiB × 8 node scores the same
+    holding 8 or 23 pods of 16 GiB, so without the finer order a burst fills
+    the first of them. The share adds less than one score step
+    (``TIE_WEIGHT``), so it orders ties only."""
+    score = node_score(parts, weights=weights, best_gbps=0.0, job_groups=None)
     if not weights.spread:
-        return float(score)
-    return score + TIE_WEIGHT * (1.0 - parts.binpack)
+        return score, float(score)
+    return score, score + TIE_WEIGHT * (1.0 - parts.binpack)
 
 
 # ------------------------------------------------------------- preemption --
