@@ -124,7 +124,7 @@ def capacity(devices: Sequence[DeviceFingerprint]) -> dict[str, int]:
     """Extended resources of the usable devices, in the units pods request."""
     usable = [d for d in devices if not d.error]
     return {
-        VRAM: mib_to_bytes(sum(d.vram_total_mib for d in usable)),
+        VRAM: mib_to_bytes(sum(d.vram_usable_mib for d in usable)),
         ACU: int(round(sum(d.compute.acu for d in usable), 6)),  # float noise, then down
         DEVICES: len(usable),
     }

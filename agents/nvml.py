@@ -108,8 +108,8 @@ def read_one(handle: Any, index: int) -> dict[str, Any]:
         "pci_device_id": int(pci.pciDeviceId),
         "memory_total_b": int(memory.total),
         "memory_free_b": int(memory.free),
-        # what the driver and firmware hold (v2 API; None where unsupported):
-        # recorded, not used yet: capacity still counts the whole total
+        # what the driver and firmware hold (v2 API; None where unsupported),
+        # which the fingerprint keeps out of what slices are counted against
         "memory_reserved_b": _reserved_b(handle),
         "cuda_capability": _try(n.nvmlDeviceGetCudaComputeCapability, handle),
         "sm_clock_mhz": _try(n.nvmlDeviceGetClockInfo, handle, n.NVML_CLOCK_SM) or 0,

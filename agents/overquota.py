@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agents.parsing import npu_smi
 from hcs_bus import vocabulary
 from hcs_bus.messages import HealthEvent
 from hcs_bus.units import QuantityError, parse_quantity
@@ -254,23 +255,14 @@ def plan(overrun: Overrun, *, action: Action, slack_per_process_b: int = 0) -> l
 
 # ------------------------------------------------------ vendor readings ---
 
-_NPU_PROC = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*(\d+)\s*\|\s*(.*?)\s*\|\s*(\d+)\s*\|\s*$")
-
 
 def npu_smi_processes(text: str) -> list[ProcessUsage]:
-    """The process table of ``npu-smi info``: NPU id, chip, pid, name,
-    memory in MB. The device is the NPU id (one chip per NPU on 910B)."""
-    out = []
-    in_table = False
-    for line in text.splitlines():
-        if "Process id" in line and "Process memory" in line:
-            in_table = True
-            continue
-        match = _NPU_PROC.match(line.strip()) if in_table else None
-        if match:
-            npu, _chip, pid, _name, mb = match.groups()
-            out.append(ProcessUsage(pid=int(pid), device=int(npu), used_b=int(mb) * MIB))
-    return out
+    """The process table of ``npu-smi info``. The device is the NPU id (one
+    chip per NPU on 910B)."""
+    return [
+        ProcessUsage(pid=p.pid, device=p.npu, used_b=p.memory_mib * MIB)
+        for p in npu_smi.processes(text)
+    ]
 
 
 def usages_from_records(records: Sequence[Mapping[str, Any]]) -> list[ProcessUsage]:

@@ -584,8 +584,8 @@ def double_booked(stack: Stack, pods: list[dict[str, Any]]) -> list[str]:
     for fp in stack.fingerprints({n for n, _ in used}).values():
         node = fp.node
         for d in fp.devices:
-            capacity[(node, d.uuid or str(d.index))] = d.vram_total_mib
-            capacity.setdefault((node, str(d.index)), d.vram_total_mib)
+            capacity[(node, d.uuid or str(d.index))] = d.vram_usable_mib
+            capacity.setdefault((node, str(d.index)), d.vram_usable_mib)
     return [
         f"{node}/{dev}: {mib} MiB granted of {capacity.get((node, dev), 0)}"
         for (node, dev), mib in used.items()

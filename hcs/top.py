@@ -62,7 +62,7 @@ def _node_row(node: NodeView) -> dict[str, Any]:
         "healthy": sum(d.verdict == "healthy" for d in devices),
         "degraded": sum(d.verdict == "degraded" for d in devices),
         "failed": sum(d.verdict == "failed" for d in devices),
-        "vram_total_mib": sum(d.fp.vram_total_mib for d in devices),
+        "vram_total_mib": sum(d.fp.vram_usable_mib for d in devices),
         "vram_free_mib": sum(free_for_work(node, d) for d in devices),
         "acu": round(sum(d.fp.compute.acu for d in devices), 1),
         "health": min((d.health_score for d in devices), default=100),
@@ -81,7 +81,7 @@ def _model_rows(nodes: list[NodeView]) -> list[dict[str, Any]]:
         for device in node.devices.values():
             row = rows[f"{device.fp.vendor}/{device.fp.model}"]
             row["devices"] += 1
-            row["vram_total_mib"] += device.fp.vram_total_mib
+            row["vram_total_mib"] += device.fp.vram_usable_mib
             row["vram_free_mib"] += free_for_work(node, device)
             row["acu"] += device.fp.compute.acu
             row["unhealthy"] += device.verdict != "healthy"

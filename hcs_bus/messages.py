@@ -83,6 +83,10 @@ class DeviceFingerprint(_Frozen, frozen=True):
     vram_total_mib: int
     vram_free_mib: int
     compute: Compute
+    # what the driver and firmware hold outside every process (NVML's v2
+    # ``reserved``; for other tools, used less what processes hold): never
+    # handed out, so slices are counted against ``vram_usable_mib``
+    vram_driver_mib: int = 0
     pci_bus_id: str = ""
     pcie_gen: int | None = None
     pcie_width: int | None = None
@@ -92,6 +96,11 @@ class DeviceFingerprint(_Frozen, frozen=True):
     health_score: int = 100
     telemetry: Telemetry = Telemetry()
     error: str | None = None
+
+    @property
+    def vram_usable_mib(self) -> int:
+        """What tenants can be promised: the total less the driver's hold."""
+        return max(self.vram_total_mib - self.vram_driver_mib, 0)
 
 
 class NodeFingerprint(_Frozen, frozen=True, tag="node_fingerprint", tag_field="type"):

@@ -516,7 +516,7 @@ class Booker:
         """Log and count every over-committed device of ``doc`` (the ledger
         cannot undo one: a pod must go)."""
         view = self.state.nodes.get(node)
-        totals = {i: d.fp.vram_total_mib for i, d in view.devices.items()} if view else {}
+        totals = {i: d.fp.vram_usable_mib for i, d in view.devices.items()} if view else {}
         found = ledger.overcommitted(node, ledger.ledger_slices(doc), totals)
         for o in found:
             OVERCOMMITS.add(1, {"node": node})

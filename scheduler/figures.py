@@ -53,14 +53,14 @@ def fleet_figures(nodes: Iterable[NodeView]) -> FleetFigures:
                 held = node.devices.get(slice_.index)
                 mib = _held_mib(held, whole=slice_.whole, vram_mib=slice_.vram_mib)
                 ns_vram[namespace] += mib * MIB
-                if held is not None and held.fp.vram_total_mib:
-                    ns_acu[namespace] += held.fp.compute.acu * mib / held.fp.vram_total_mib
+                if held is not None and held.fp.vram_usable_mib:
+                    ns_acu[namespace] += held.fp.compute.acu * mib / held.fp.vram_usable_mib
     return FleetFigures(dict(devices), dict(vram), dict(acu), dict(ns_vram), dict(ns_acu))
 
 
 def _vram_mib(device: DeviceView, *, placeable: bool) -> tuple[int, int, int]:
     """(total, free, reserved) MiB of one device."""
-    total = device.fp.vram_total_mib
+    total = device.fp.vram_usable_mib
     reserved = total if device.whole_owner is not None else min(device.reserved_mib, total)
     free = device.free_mib if placeable and device.usable else 0
     return total, free, reserved
@@ -68,5 +68,5 @@ def _vram_mib(device: DeviceView, *, placeable: bool) -> tuple[int, int, int]:
 
 def _held_mib(device: DeviceView | None, *, whole: bool, vram_mib: int) -> int:
     if whole and device is not None:
-        return device.fp.vram_total_mib
+        return device.fp.vram_usable_mib
     return vram_mib

@@ -173,7 +173,7 @@ def rebuilt(claim: Claim, devices: Mapping[int, DeviceFingerprint], *, now: floa
         whole = (
             plan.whole_device
             if plan is not None
-            else (fp is not None and vram >= fp.vram_total_mib)
+            else (fp is not None and vram >= fp.vram_usable_mib)
         )
         uuid = fp.uuid if fp is not None else ""
         slices.append(DeviceSlice(index=index, uuid=uuid, vram_mib=vram, whole=whole))
@@ -284,7 +284,10 @@ def overcommitted(
     node: str, held: Iterable[tuple[str, DeviceSlice]], totals: Mapping[int, int]
 ) -> list[Overcommit]:
     """Devices holding more than their VRAM, or a whole device shared; ``held``
-    is (pod key, slice) pairs. Devices of unknown size count only sharing."""
+    is (pod key, slice) pairs, ``totals`` what each device can be promised
+    (its usable VRAM). Devices of unknown size count only sharing; a device
+    held whole by one pod is never over, whatever size its slice recorded
+    (booked before its driver's hold was known, it names the whole total)."""
     per: dict[int, list[tuple[str, DeviceSlice]]] = {}
     for who, s in held:
         per.setdefault(s.index, []).append((who, s))
@@ -294,7 +297,8 @@ def overcommitted(
         used = sum(s.vram_mib for _, s in slices)
         total = totals.get(index, 0)
         shared_whole = len(slices) > 1 and any(s.whole for _, s in slices)
-        if (total and used > total) or shared_whole:
+        alone_whole = len(slices) == 1 and slices[0][1].whole
+        if (total and used > total and not alone_whole) or shared_whole:
             holders = tuple(sorted(who for who, _ in slices))
             out.append(Overcommit(node, index, used, total, holders))
     return out
@@ -349,7 +353,7 @@ def inconsistencies(
     problems += _stray(docs, live)
     for node in sorted(set(docs) | {c.node for c in claims}):
         found = devices.get(node, {})
-        totals = {i: d.vram_total_mib for i, d in found.items()}
+        totals = {i: d.vram_usable_mib for i, d in found.items()}
         for o in overcommitted(node, ledger_slices(docs.get(node)), totals):
             problems.append(Problem("device over-committed", node, "in the ledger: " + o.detail()))
         mine = [c for c in claims if c.node == node]
@@ -406,7 +410,7 @@ def _claimed(
             )
             continue
         for index, vram in zip(chosen, claim.vram_mib, strict=True):
-            total = devices[index].vram_total_mib if index in devices else 0
+            total = devices[index].vram_usable_mib if index in devices else 0
             whole = claim.plan.whole_device if claim.plan is not None else vram >= total > 0
             out.append(
                 (key_of(claim.pod), DeviceSlice(index=index, uuid="", vram_mib=vram, whole=whole))

@@ -49,7 +49,7 @@ def _owners(device: DeviceView) -> list[str]:
 def _reserved_share(device: DeviceView) -> float:
     if device.whole_owner is not None:
         return 1.0
-    total = device.fp.vram_total_mib
+    total = device.fp.vram_usable_mib
     return min(device.reserved_mib / total, 1.0) if total > 0 else 0.0
 
 
@@ -65,7 +65,8 @@ def device_row(node: NodeView, device: DeviceView) -> dict[str, Any]:
         "class": f"{fp.vendor}/{fp.model}",
         "health": _health(node, device),
         "health_score": device.health_score,
-        "vram_total_mib": fp.vram_total_mib,
+        "vram_total_mib": fp.vram_usable_mib,
+        "vram_driver_mib": fp.vram_driver_mib,  # held by the driver, outside the total
         "vram_reserved_mib": device.reserved_mib,
         "vram_free_mib": device.free_mib,
         "acu": round(fp.compute.acu, 1),
@@ -91,7 +92,7 @@ def node_row(node: NodeView) -> dict[str, Any]:
         "blocked": node.blocked,  # why its Node takes no new pods (cordoned, a lifecycle taint)
         "devices": len(devices),
         **counts,
-        "vram_total_mib": sum(d.fp.vram_total_mib for d in devices),
+        "vram_total_mib": sum(d.fp.vram_usable_mib for d in devices),
         "vram_free_mib": sum(d.free_mib for d in devices if _takes_work(node, d)),
         "acu": round(sum(d.fp.compute.acu for d in devices), 1),
         "pods": sorted(node.reservations),
@@ -190,15 +191,15 @@ def _add_device(row: dict[str, Any], node: NodeView, device: DeviceView) -> None
     acu = device.fp.compute.acu
     row["devices"] += 1
     row[_health(node, device)] += 1
-    row["vram_total_mib"] += device.fp.vram_total_mib
-    row["vram_reserved_mib"] += min(device.reserved_mib, device.fp.vram_total_mib)
+    row["vram_total_mib"] += device.fp.vram_usable_mib
+    row["vram_reserved_mib"] += min(device.reserved_mib, device.fp.vram_usable_mib)
     row["acu_total"] += acu
     row["acu_reserved"] += acu * _reserved_share(device)
     row["utilisation_pct"] += device.fp.telemetry.utilisation_pct
     if _takes_work(node, device):
         row["vram_free_mib"] += device.free_mib
     else:
-        row["vram_out_mib"] += device.fp.vram_total_mib
+        row["vram_out_mib"] += device.fp.vram_usable_mib
         row["acu_out"] += acu
 
 

@@ -104,11 +104,12 @@ def check_node(node: NodeView | None, demand: Demand) -> Fit:
     if not of_class:
         have = ", ".join(sorted(node.models())) or "no devices"
         return _unresolvable(f"hcs: no {key} devices on this node (it has {have})")
-    usable = [d for d in of_class if d.usable and d.fp.vram_total_mib >= vram]
+    usable = [d for d in of_class if d.usable and d.fp.vram_usable_mib >= vram]
     if len(usable) < n:
         return _unresolvable(
             f"hcs: {len(usable)} usable {key} devices of {len(of_class)}, pod needs {n}"
             + (f" with {vram} MiB each" if not demand.whole_device else "")
+            + _driver_note(of_class, vram_mib=vram)
         )
     if demand.whole_device:
         fitting = [d for d in usable if d.idle]
@@ -122,6 +123,18 @@ def check_node(node: NodeView | None, demand: Demand) -> Fit:
             reason=f"hcs: {len(fitting)} {key} {what}, pod needs {n} (preemption may help)",
         )
     return Fit(ok=True, candidates=tuple(fitting))
+
+
+def _driver_note(devices: Sequence[DeviceView], *, vram_mib: int) -> str:
+    """Why devices large enough by their total still cannot hold ``vram_mib``."""
+    held = [d.fp for d in devices if d.fp.vram_usable_mib < vram_mib <= d.fp.vram_total_mib]
+    if not held:
+        return ""
+    top = max(held, key=lambda fp: fp.vram_usable_mib)
+    return (
+        f" (the driver holds {top.vram_driver_mib} MiB of each {top.vram_total_mib} MiB,"
+        f" so at most {top.vram_usable_mib} MiB can be promised)"
+    )
 
 
 # ------------------------------------------------------------ device sets --
@@ -198,8 +211,8 @@ def components(node: NodeView, fit: Fit, demand: Demand) -> Components:
     """Score parts of a node that fits (cacheable per node and demand)."""
     chosen = choose_devices(fit, demand)
     of_class = [d for d in node.devices.values() if device_class(d) == demand.key]
-    total = sum(d.fp.vram_total_mib for d in of_class) or 1
-    used = sum(d.fp.vram_total_mib - d.free_mib for d in of_class)
+    total = sum(d.fp.vram_usable_mib for d in of_class) or 1
+    used = sum(d.fp.vram_usable_mib - d.free_mib for d in of_class)
     placed = sum(_takes(d, demand) for d in chosen)
     scores = [d.health_score for d in chosen]
     health = (sum(scores) / len(scores) + min(scores)) / 200.0
@@ -224,8 +237,8 @@ def with_others(
     if not any(o.key == key for o in others):
         return parts
     of_class = [d for d in node.devices.values() if device_class(d) == key]
-    total = sum(d.fp.vram_total_mib for d in of_class) or 1
-    largest = max((d.fp.vram_total_mib for d in of_class), default=0)
+    total = sum(d.fp.vram_usable_mib for d in of_class) or 1
+    largest = max((d.fp.vram_usable_mib for d in of_class), default=0)
     taken = sum(
         o.devices * (largest if o.whole_device else o.vram_mib_per_device)
         for o in others
@@ -235,7 +248,7 @@ def with_others(
 
 
 def _takes(device: DeviceView, demand: Demand) -> int:
-    return device.fp.vram_total_mib if demand.whole_device else demand.vram_mib_per_device
+    return device.fp.vram_usable_mib if demand.whole_device else demand.vram_mib_per_device
 
 
 def _right_size(device: DeviceView, demand: Demand) -> float:
@@ -243,7 +256,7 @@ def _right_size(device: DeviceView, demand: Demand) -> float:
         if demand.acu_per_device <= 0 or device.fp.compute.acu <= 0:
             return 1.0
         return min(demand.acu_per_device / device.fp.compute.acu, 1.0)
-    return min(demand.vram_mib_per_device / max(device.fp.vram_total_mib, 1), 1.0)
+    return min(demand.vram_mib_per_device / max(device.fp.vram_usable_mib, 1), 1.0)
 
 
 def network_group(node: NodeView) -> str | None:
@@ -314,7 +327,7 @@ def slices_for(devices: Iterable[DeviceView], demand: Demand) -> tuple[DeviceSli
         DeviceSlice(
             index=d.index,
             uuid=d.fp.uuid,
-            vram_mib=d.fp.vram_total_mib if demand.whole_device else demand.vram_mib_per_device,
+            vram_mib=d.fp.vram_usable_mib if demand.whole_device else demand.vram_mib_per_device,
             whole=demand.whole_device,
         )
         for d in devices

@@ -128,8 +128,8 @@ def _summarise_node(node: NodeView, classes: dict[str, ClassStats]) -> None:
         stats = classes.get(key)
         if stats is None:
             stats = classes[key] = ClassStats(vendor=device.fp.vendor, model=device.fp.model)
-            stats.vram_mib, stats.acu = device.fp.vram_total_mib, device.fp.compute.acu
-        stats.vram_mib = min(stats.vram_mib, device.fp.vram_total_mib)
+            stats.vram_mib, stats.acu = device.fp.vram_usable_mib, device.fp.compute.acu
+        stats.vram_mib = min(stats.vram_mib, device.fp.vram_usable_mib)
         stats.acu = min(stats.acu, device.fp.compute.acu)
         stats.devices += 1
         stats.linked = stats.linked or any(link.bandwidth_gbps > 0 for link in device.fp.links)

@@ -67,7 +67,7 @@ class DeviceView:
     def free_mib(self) -> int:
         if self.whole_owner is not None:
             return 0
-        return max(self.fp.vram_total_mib - self.reserved_mib, 0)
+        return max(self.fp.vram_usable_mib - self.reserved_mib, 0)
 
     @property
     def usable(self) -> bool:
@@ -344,7 +344,7 @@ def fleet_totals(nodes: Iterable[NodeView]) -> dict[str, float]:
         totals["nodes"] += 1
         for device in node.devices.values():
             totals["devices"] += 1
-            totals["vram_total_mib"] += device.fp.vram_total_mib
+            totals["vram_total_mib"] += device.fp.vram_usable_mib
             totals["vram_free_mib"] += free_for_work(node, device)
             totals["acu"] += device.fp.compute.acu
             totals["unhealthy_devices"] += device.verdict != "healthy"

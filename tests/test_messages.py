@@ -51,6 +51,30 @@ def test_an_unknown_field_is_ignored_leniently_but_refused_strictly() -> None:
         messages.decode_strict(data, messages.HealthEvent)
 
 
+def test_a_fingerprint_from_an_agent_that_knows_no_driver_hold_promises_its_total() -> None:
+    device = messages.DeviceFingerprint(
+        index=0,
+        uuid="u",
+        vendor="huawei",
+        model="Ascend910B2",
+        vram_total_mib=65536,
+        vram_free_mib=62375,
+        compute=messages.Compute(acu_profile=1.0, tflops_fp16_profile=1.0),
+        vram_driver_mib=3161,
+    )
+    node = messages.NodeFingerprint(
+        node="n1", agent_version="old", boot_id="b", seq=1, time_s=1.0, devices=(device,)
+    )
+    raw = msgspec.json.decode(messages.encode(node))
+    assert messages.decode(msgspec.json.encode(raw), messages.NodeFingerprint) == node
+    assert node.devices[0].vram_usable_mib == 62375
+    del raw["devices"][0]["vram_driver_mib"]  # what an agent before the field sends
+    (old,) = messages.decode(msgspec.json.encode(raw), messages.NodeFingerprint).devices
+    assert (old.vram_driver_mib, old.vram_usable_mib) == (0, 65536)
+    over = msgspec.structs.replace(device, vram_driver_mib=70000)
+    assert over.vram_usable_mib == 0
+
+
 def test_a_message_of_another_type_is_refused_by_its_tag() -> None:
     plan = messages.encode(messages.Plan(ok=False, reason="none fits"))
     with pytest.raises(msgspec.ValidationError):

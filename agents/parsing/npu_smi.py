@@ -3,12 +3,16 @@
 The table has, per NPU, a name row (``| 0  910B2 | OK | 93.6  40  0 / 0 |``)
 followed by one row per chip (``| 0 | 0000:C1:00.0 | 0  0 / 0  3161 / 65536 |``).
 Each chip becomes one device; on 910B cards there is one chip per NPU. The
-processes table after the devices is ignored.
+processes table after the devices (``| 2  0 | 184536 | python3.9 | 31568 |``:
+NPU, chip, pid, name, MB) tells what of a chip's HBM processes hold; the
+rest of what it uses is the driver's and firmware's (about 3 GiB of a
+910B's 64 at rest), which no tenant can be promised.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import msgspec
 
@@ -27,6 +31,32 @@ TOOL = "npu-smi"
 VENDOR = "huawei"
 _PAIR = re.compile(r"(?<![\w.])(\d+)\s*/\s*(\d+)(?![\w.])")
 HEALTH_SCORES = {"ok": 100, "warning": 70, "alarm": 40, "critical": 0}
+_PROCESS = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*(\d+)\s*\|\s*(.*?)\s*\|\s*(\d+)\s*\|\s*$")
+
+
+class NpuProcess(NamedTuple):
+    """One row of the processes table."""
+
+    npu: int
+    chip: int
+    pid: int
+    name: str
+    memory_mib: int
+
+
+def processes(text: str) -> list[NpuProcess]:
+    """The processes table of ``npu-smi info`` (empty when it lists none)."""
+    out = []
+    in_table = False
+    for line in text.splitlines():
+        if "Process id" in line and "Process memory" in line:
+            in_table = True
+            continue
+        match = _PROCESS.match(line.strip()) if in_table else None
+        if match:
+            npu, chip, pid, name, mib = match.groups()
+            out.append(NpuProcess(int(npu), int(chip), int(pid), name, int(mib)))
+    return out
 
 
 class _Block:
@@ -43,6 +73,10 @@ def parse_info(text: str, *, db: ProfileDB) -> Parsed:
     blocks, errors = _blocks(text)
     if not blocks and not errors:
         errors.append(ParseError(tool=TOOL, reason="no NPU rows found in the output"))
+    held: dict[tuple[int, int], int] = {}
+    for process in processes(text):
+        key = (process.npu, process.chip)
+        held[key] = held.get(key, 0) + process.memory_mib
     devices: list[DeviceFingerprint] = []
     for block in blocks:
         if not block.chips:
@@ -53,7 +87,8 @@ def parse_info(text: str, *, db: ProfileDB) -> Parsed:
         for chip in block.chips:
             index = _chip_index(block, chip)
             try:
-                devices.append(_device(block, chip, index=index, db=db))
+                device = _device(block, chip, index=index, db=db)
+                devices.append(_less_processes(device, held.get((block.npu, _chip_no(chip)), 0)))
             except ValueError as exc:
                 errors.append(ParseError(tool=TOOL, device=index, reason=str(exc)))
                 devices.append(broken_device(vendor=VENDOR, index=index, error=f"{TOOL}: {exc}"))
@@ -95,6 +130,21 @@ def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
         elif blocks:
             blocks[-1].chips.append(cells)
     return blocks, errors
+
+
+def _chip_no(chip: list[str]) -> int:
+    tokens = chip[0].split()
+    return int(tokens[0]) if tokens and tokens[0].isdigit() else 0
+
+
+def _less_processes(device: DeviceFingerprint, processes_mib: int) -> DeviceFingerprint:
+    """``device`` with the HBM its processes do not hold as the driver's
+    (none when they seem to hold more than is used: a torn reading)."""
+    used = device.vram_total_mib - device.vram_free_mib
+    driver = used - processes_mib
+    if device.error or driver <= 0:
+        return device
+    return msgspec.structs.replace(device, vram_driver_mib=driver)
 
 
 def _chip_index(block: _Block, chip: list[str]) -> int:

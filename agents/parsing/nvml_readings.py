@@ -5,7 +5,8 @@ tests use recorded ones::
 
     {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-…",
      "pci_bus_id": "00000000:07:00.0", "pci_device_id": 0x20B210DE,
-     "memory_total_b": …, "memory_free_b": …, "cuda_capability": [8, 0],
+     "memory_total_b": …, "memory_free_b": …, "memory_reserved_b": …,
+     "cuda_capability": [8, 0],
      "sm_clock_mhz": 1410, "max_sm_clock_mhz": 1410, "clock_event_reasons": 0x1,
      "fields": {"ecc_sbe_volatile": 0, "ecc_dbe_volatile": 0, "remapped_cor": 0,
                 "remapped_unc": 0, "remap_pending": 0, "remap_failure": 0,
@@ -125,6 +126,7 @@ def _device(reading: dict[str, Any], *, db: ProfileDB) -> DeviceFingerprint:
         uuid=str(reading["uuid"]),
         vram_total_mib=total,
         vram_free_mib=int(reading["memory_free_b"]) // MIB,
+        vram_driver_mib=_driver_mib(reading.get("memory_reserved_b")),
         pci_bus_id=normalize_bus_id(str(reading["pci_bus_id"])),
         telemetry=telemetry,
     )
@@ -202,3 +204,11 @@ def _bus(raw: str) -> str:
         return normalize_bus_id(raw) if raw else ""
     except ValueError:
         return ""
+
+
+def _driver_mib(reserved_b: object) -> int:
+    """NVML's v2 ``reserved`` (driver and firmware), rounded up to whole MiB;
+    0 where the driver gave none (the v1 API counts it as used)."""
+    if not isinstance(reserved_b, int) or reserved_b <= 0:
+        return 0
+    return -(-reserved_b // MIB)

@@ -31,6 +31,13 @@ def test_capacity_counts_usable_devices_in_the_units_pods_request() -> None:
     assert parse_quantity("160Gi") == cap[VRAM] < parse_quantity("161Gi")
 
 
+def test_capacity_leaves_out_what_each_driver_holds() -> None:
+    import msgspec
+
+    held = [msgspec.structs.replace(dev(i), vram_driver_mib=480) for i in range(2)]
+    assert capacity(held)[VRAM] == mib_to_bytes(2 * (81920 - 480))
+
+
 def test_capacity_of_no_usable_device_is_zero_everywhere() -> None:
     assert capacity([dev(0, error="gone")]) == {VRAM: 0, ACU: 0, DEVICES: 0}
     assert capacity([]) == {VRAM: 0, ACU: 0, DEVICES: 0}

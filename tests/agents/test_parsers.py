@@ -32,6 +32,25 @@ def test_npu_smi_info_lists_eight_910b2_with_hbm_and_health(db) -> None:
     assert parsed.devices[4].health_score == 70  # "Warning"
 
 
+def test_npu_smi_hbm_no_process_holds_is_the_drivers_and_never_promised(db) -> None:
+    text = fixture_text("npu-smi-info-910b.txt")
+    parsed = npu_smi.parse_info(text, db=db)
+    # at rest (no process listed) all of the HBM in use is the driver's and firmware's
+    idle = [d for d in parsed.devices if d.index != 2]
+    assert all(d.vram_driver_mib == d.vram_total_mib - d.vram_free_mib for d in idle)
+    assert parsed.devices[0].vram_driver_mib == 3161
+    assert parsed.devices[0].vram_usable_mib == 65536 - 3161
+    # NPU 2 runs a process of 31,568 MB in 34,728 MB used: the driver's is the rest
+    [process] = npu_smi.processes(text)
+    assert (process.npu, process.chip, process.memory_mib) == (2, 0, 31568)
+    assert parsed.devices[2].vram_driver_mib == 34728 - 31568
+    # a torn reading (processes holding more than is used) tells nothing
+    torn = text.replace(
+        "| python3.9                | 31568 ", "| python3.9                | 40000 "
+    )
+    assert npu_smi.parse_info(torn, db=db).devices[2].vram_driver_mib == 0
+
+
 def test_npu_smi_truncated_output_marks_the_cut_device_and_keeps_the_others(db) -> None:
     lines = fixture_text("npu-smi-info-910b.txt").splitlines()
     cut = next(i for i, line in enumerate(lines) if line.startswith("| 3     910B2"))
@@ -171,6 +190,9 @@ def test_a_real_h100_in_a_vm_becomes_an_h100_sxm_fingerprint_that_is_healthy_at_
     (h100,) = parsed.devices
     assert (h100.model, h100.compute_capability) == ("H100-SXM", "9.0")
     assert h100.vram_total_mib == 81559 < db.get("nvidia/H100-SXM").vram_mib
+    # recorded before the agent read NVML's v2 ``reserved``: nothing held back
+    assert "memory_reserved_b" not in readings[0]
+    assert h100.vram_driver_mib == 0 and h100.vram_usable_mib == 81559
     assert (h100.pci_bus_id, h100.numa_node, h100.links) == ("0000:00:06.0", None, ())
     assert (h100.pcie_gen, h100.pcie_width) == (5, 16)
     assert h100.compute.acu_profile == pytest.approx(317.15)
@@ -181,6 +203,21 @@ def test_a_real_h100_in_a_vm_becomes_an_h100_sxm_fingerprint_that_is_healthy_at_
     assert signals.degraded_signal(DeviceHistory("n1", 0), sample, now=0.0, rules=health) == ""
     judged = rules.judge(DeviceHistory("n1", 0), sample, now=0.0, rules=health)
     assert (judged.verdict, judged.health_score) == ("healthy", 100)
+
+
+@pytest.mark.parametrize(
+    ("reserved_b", "driver_mib"),
+    [(503316480, 480), (503316481, 481), (None, 0), (0, 0)],
+)
+def test_nvmls_reserved_memory_is_the_drivers_rounded_up_to_whole_mib(
+    db, reserved_b: int | None, driver_mib: int
+) -> None:
+    # 480 MiB: what the lent H100 used at rest (81,559 MiB total, v1 API)
+    readings = _readings()
+    readings[0]["memory_reserved_b"] = reserved_b
+    zero = nvml_readings.convert(readings, db=db).devices[0]
+    assert zero.vram_driver_mib == driver_mib
+    assert zero.vram_usable_mib == zero.vram_total_mib - driver_mib
 
 
 def test_gpus_without_nvlink_get_pcie_links_scaled_by_common_ancestor(db) -> None:

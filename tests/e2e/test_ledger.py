@@ -102,7 +102,7 @@ def _slots(stack: Stack) -> int:
     """32 GiB slices the fleet's A100 devices hold at once."""
     nodes = [n.name for n in fleet_file.load(FLEET).nodes if n.name.startswith("gpu-a100")]
     return sum(
-        d.vram_total_mib // SLICE_MIB
+        d.vram_usable_mib // SLICE_MIB
         for node in nodes
         for d in stack.fingerprint(node).devices
         if d.error is None
@@ -274,7 +274,7 @@ def _assert_ledger_agrees(stack: Stack, work: Workloads, pods: list[dict[str, An
         assert mine[0].pod.uid == meta["uid"]
         assert nodes_of[meta["name"]] == {node}, f"{meta['name']} held on {nodes_of[meta['name']]}"
     totals = {
-        (node, d.uuid): d.vram_total_mib
+        (node, d.uuid): d.vram_usable_mib
         for node in {n for n, _ in held}
         for d in stack.fingerprint(node).devices
     }

@@ -35,6 +35,7 @@ def dev(
     links: dict[int, float] | None = None,
     health: int = 100,
     error: str | None = None,
+    driver_mib: int = 0,
 ) -> DeviceFingerprint:
     p = DB.get(key)
     return DeviceFingerprint(
@@ -43,7 +44,8 @@ def dev(
         vendor=p.vendor,
         model=p.model,
         vram_total_mib=p.vram_mib,
-        vram_free_mib=p.vram_mib,
+        vram_free_mib=p.vram_mib - driver_mib,
+        vram_driver_mib=driver_mib,
         compute=Compute(acu_profile=p.acu, tflops_fp16_profile=p.tflops_fp16),
         links=tuple(
             Link(peer_index=k, type=p.interconnect, bandwidth_gbps=v)

@@ -24,7 +24,7 @@ from scheduler import booking, ledger, watching
 from scheduler.booking import Booker
 from scheduler.pods import PlanAnnotation, pod_info_from_dict
 from tests.scheduler.conftest import Start
-from tests.scheduler.helpers import A100_SLICE, A100_TWO, node_fp, pod, publish_fleet
+from tests.scheduler.helpers import A100_SLICE, A100_TWO, dev, node_fp, pod, publish_fleet
 from tests.scheduler.helpers import state_of as fleet_state
 
 Logs = list[MutableMapping[str, Any]]
@@ -164,6 +164,20 @@ def test_an_overcommit_is_more_vram_than_the_device_has_or_a_whole_device_shared
         ("b", DeviceSlice(index=1, uuid="", vram_mib=0)),
     ]
     assert [o.index for o in ledger.overcommitted("n", shared, totals)] == [1]
+
+
+def test_slices_over_what_the_driver_leaves_are_over_committed_a_whole_device_is_not() -> None:
+    # a 910B whose driver holds 3,161 MiB: four 16 GiB slices fit its 64 GiB
+    # total, not the 62,375 MiB it can be promised
+    fp = node_fp("npu", devices=(dev(0, "huawei/Ascend910B2", driver_mib=3161),)).devices[0]
+    totals = {0: fp.vram_usable_mib}
+    four = [(f"p{i}", DeviceSlice(index=0, uuid="", vram_mib=16384)) for i in range(4)]
+    [found] = ledger.overcommitted("n", four, totals)
+    assert (found.vram_mib, found.total_mib) == (65536, 62375)
+    assert ledger.overcommitted("n", four[:3], totals) == []
+    # booked whole before the driver's hold was known: the slice names the total
+    whole = [("w", DeviceSlice(index=0, uuid="", vram_mib=65536, whole=True))]
+    assert ledger.overcommitted("n", whole, totals) == []
 
 
 def test_inconsistencies_name_every_kind_of_disagreement() -> None:

@@ -97,6 +97,44 @@ def test_a_slice_goes_to_the_fullest_device_that_still_fits() -> None:
     assert [d.index for d in placing.choose_devices(fit, SLICE)] == [1]
 
 
+NPU_SLICE = PlanAnnotation(
+    vendor="huawei", model="Ascend910B2", devices=1, vram_mib_per_device=16384, whole_device=False
+)
+
+
+@pytest.mark.parametrize(("driver_mib", "room"), [(0, True), (3161, False)])
+def test_what_the_driver_holds_is_never_promised(driver_mib: int, room: bool) -> None:
+    """A 910B of 64 GiB holding three 16 GiB slices has room for a fourth
+    only if its driver holds nothing (it holds about 3 GiB at rest)."""
+    npu = dev(0, "huawei/Ascend910B2", driver_mib=driver_mib)
+    state = state_of(node_fp("npu", devices=(npu,)))
+    _reserve(state, "npu", [(0, 3 * 16384, False)])
+    fit = placing.check_node(state.nodes["npu"], NPU_SLICE)
+    assert fit.ok is room, fit.reason
+
+
+def test_a_slice_larger_than_the_driver_leaves_is_refused_for_good_naming_the_hold() -> None:
+    npu = dev(0, "huawei/Ascend910B2", driver_mib=3161)
+    state = state_of(node_fp("npu", devices=(npu,)))
+    big = PlanAnnotation(
+        vendor="huawei",
+        model="Ascend910B2",
+        devices=1,
+        vram_mib_per_device=63488,
+        whole_device=False,
+    )
+    fit = placing.check_node(state.nodes["npu"], big)
+    assert fit.unresolvable
+    assert "the driver holds 3161 MiB of each 65536 MiB" in fit.reason
+    assert "at most 62375 MiB can be promised" in fit.reason
+    whole = PlanAnnotation(
+        vendor="huawei", model="Ascend910B2", devices=1, vram_mib_per_device=0, whole_device=True
+    )
+    fit = placing.check_node(state.nodes["npu"], whole)
+    [held] = placing.slices_for(placing.choose_devices(fit, whole), whole)
+    assert (held.vram_mib, held.whole) == (62375, True)
+
+
 def _islands() -> tuple:
     """0,1 reach each other only through PCIe; 2-3 and 4-5 are NVLink pairs,
     2-3 the faster."""
