@@ -33,6 +33,10 @@ REFERENCE_TFLOPS_FP16 = 312.0  # A100-80G dense FP16: 1 ACU = 1 % of it (DESIGN 
 IDLE_UTIL_PCT = 5.0
 IDLE_USED_SHARE = 0.1
 MAX_TRIES = 3  # a device whose benchmark fails this often keeps its profile
+# Measured again, a device in service must hold no more than it did at rest
+# when last measured, give or take this: a tenant's context alone is more
+# (about 0.5 GiB on an H100), and its slice was promised all the rest.
+REST_MARGIN_MIB = 128
 _ROOT = Path(agents.__file__).resolve().parent.parent  # where ``agents`` imports from
 
 
@@ -88,12 +92,15 @@ def with_measured(
 
 def idle(device: DeviceFingerprint) -> bool:
     """Whether ``device`` can be measured now: no error, nobody computing on it."""
-    used_mib = device.vram_total_mib - device.vram_free_mib
     return (
         device.error is None
         and device.telemetry.utilisation_pct < IDLE_UTIL_PCT
-        and used_mib <= device.vram_total_mib * IDLE_USED_SHARE
+        and _used_mib(device) <= device.vram_total_mib * IDLE_USED_SHARE
     )
+
+
+def _used_mib(device: DeviceFingerprint) -> int:
+    return device.vram_total_mib - device.vram_free_mib
 
 
 def _answers(out: bytes) -> tuple[dict[int, float], str | None]:
@@ -173,38 +180,58 @@ Run = Callable[[Sequence[int]], Awaitable[dict[int, float] | None]]
 
 
 class Measurer:
-    """Measures each device (by UUID) once, at the first poll that finds it idle.
+    """Measures each device (by UUID) at the first poll that finds it idle,
+    and again each ``every_s`` (0: once), so a device that slows down in
+    service shows it in its achieved throughput (the healer's slow-device
+    signal) instead of keeping the figure it had when the agent started.
 
-    A device busy when the agent starts (an agent restarted under a running
-    job) keeps its profile until it is idle; a benchmark run beside a tenant
-    would report the tenant's share as the device's speed. The idle devices of
-    a poll are measured by one child process; a device whose benchmark fails
-    ``MAX_TRIES`` times keeps its profile.
+    A device busy when a round is due (an agent restarted under a running
+    job) keeps its last figure, or its profile, until it is idle; a benchmark
+    run beside a tenant would report the tenant's share as the device's
+    speed. Measured again, it must also hold no more than it held when last
+    measured, give or take ``REST_MARGIN_MIB``: a tenant idle for the moment
+    still holds its context, and the benchmark's own memory would come out of
+    the slices. The idle devices of a poll are measured by one child process; a
+    device whose benchmark fails ``MAX_TRIES`` times in a round keeps its last
+    figure until the next round.
     """
 
     def __init__(
         self,
         *,
         timeout_s: float = 120.0,
+        every_s: float = 0.0,
         run: Run | None = None,
         available: Callable[[], bool] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._run: Run = run or (lambda indices: measure_in_child(indices, timeout_s=timeout_s))
         self._available = available or (lambda: importlib.util.find_spec("torch") is not None)
+        self._every_s = every_s
+        self._clock = clock or (lambda: asyncio.get_running_loop().time())
         self.tflops: dict[str, float] = {}
         self.deferred: set[str] = set()
         self.failures: dict[str, int] = {}
+        self.rounds: dict[str, float] = {}  # when each device's last round ended
+        self.rest_mib: dict[str, int] = {}  # the least each held when measured
         self.unavailable = False
 
-    def _waiting(self, device: DeviceFingerprint) -> bool:
-        return (
-            device.uuid not in self.tflops
-            and device.error is None
-            and self.failures.get(device.uuid, 0) < MAX_TRIES
-        )
+    def _waiting(self, device: DeviceFingerprint, *, now: float) -> bool:
+        """Whether ``device``'s round is open, opening a due one."""
+        if device.error is not None:
+            return False
+        ended = self.rounds.get(device.uuid)
+        if ended is None:
+            return True
+        if self._every_s <= 0 or now - ended < self._every_s:
+            return False
+        del self.rounds[device.uuid]
+        self.failures.pop(device.uuid, None)
+        return True
 
     async def update(self, devices: Sequence[DeviceFingerprint]) -> None:
-        waiting = [d for d in devices if self._waiting(d)]
+        now = self._clock()
+        waiting = [d for d in devices if self._waiting(d, now=now)]
         if self.unavailable or not waiting:
             return
         if not self._available():
@@ -213,7 +240,7 @@ class Measurer:
             return
         ready = []
         for device in waiting:
-            if idle(device):
+            if idle(device) and self._at_rest(device):
                 ready.append(device)
                 self.deferred.discard(device.uuid)
             elif device.uuid not in self.deferred:
@@ -222,12 +249,16 @@ class Measurer:
                     "acu_measure_deferred",
                     device=device.index,
                     utilisation_pct=device.telemetry.utilisation_pct,
-                    used_mib=device.vram_total_mib - device.vram_free_mib,
+                    used_mib=_used_mib(device),
                 )
         if ready:
-            await self._measure(ready)
+            await self._measure(ready, now=now)
 
-    async def _measure(self, ready: Sequence[DeviceFingerprint]) -> None:
+    def _at_rest(self, device: DeviceFingerprint) -> bool:
+        rest = self.rest_mib.get(device.uuid)
+        return rest is None or _used_mib(device) <= rest + REST_MARGIN_MIB
+
+    async def _measure(self, ready: Sequence[DeviceFingerprint], *, now: float) -> None:
         try:
             measured = await self._run([d.index for d in ready])
             failed = ""
@@ -239,15 +270,23 @@ class Measurer:
             return
         for device in ready:
             if device.index in measured:
+                previous = self.tflops.get(device.uuid)
                 self.tflops[device.uuid] = measured[device.index]
+                self.rounds[device.uuid] = now
+                self.failures.pop(device.uuid, None)
+                used = _used_mib(device)
+                self.rest_mib[device.uuid] = min(self.rest_mib.get(device.uuid, used), used)
                 _log.info(
                     "acu_measured",
                     device=device.index,
                     uuid=device.uuid,
                     tflops_fp16=round(measured[device.index], 1),
+                    previous=round(previous, 1) if previous is not None else None,
                 )
             else:
                 tries = self.failures[device.uuid] = self.failures.get(device.uuid, 0) + 1
+                if tries >= MAX_TRIES:
+                    self.rounds[device.uuid] = now
                 _log.warning(
                     "acu_measure_failed",
                     device=device.index,

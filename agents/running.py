@@ -125,7 +125,10 @@ async def _poll(
     *, node: str, settings: Settings, db: ProfileDB, reporter: Reporter, labeler: Labeler
 ) -> None:
     detectors = choose(db=db, timeout_s=settings.agent.vendor_tool_timeout_s)
-    measurer = measuring.Measurer(timeout_s=settings.agent.measure_timeout_s)
+    measurer = measuring.Measurer(
+        timeout_s=settings.agent.measure_timeout_s,
+        every_s=settings.agent.remeasure_interval_s,
+    )
     loop = asyncio.get_running_loop()
     period = min(2.0, settings.agent.report_interval_s)
     previous: Sequence[DeviceFingerprint] | None = None

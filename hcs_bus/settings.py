@@ -79,6 +79,9 @@ class AgentSettings(_Group, frozen=True, forbid_unknown_fields=True):
     vendor_tool_timeout_s: float = 5.0
     measure_acu: bool = True
     measure_timeout_s: float = 120.0  # one benchmark child, for all the devices it measures
+    # each device again after this long, at the first poll that finds it idle
+    # (a device that slows down in service); 0: once per agent start
+    remeasure_interval_s: float = 21_600.0
     fleet_file: str | None = None
     # node-side VRAM backstop (agents/backstop.py): per-process device memory
     # against each pod's hcs.io/vram-quota; "off" disables it

@@ -179,6 +179,95 @@ async def test_a_failed_benchmark_keeps_what_it_finished_and_gives_up_after_thre
     assert [e["uuid"] for e in logs if e["event"] == "acu_measured"] == ["GPU-0"]
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_each_device_is_measured_again_once_its_interval_has_passed_and_it_is_idle(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    """A device that slows down in service shows it at its next round; until
+    then, and while it is busy, its last figure stands."""
+    figures = iter([764.0, 600.0])
+    runs: list[float] = []
+    clock = Clock()
+
+    async def run(indices: Sequence[int]) -> dict[int, float]:
+        runs.append(clock.now)
+        return {0: next(figures)}
+
+    measurer = measuring.Measurer(run=run, available=lambda: True, every_s=3600, clock=clock)
+    for clock.now in (0.0, 100.0, 3599.0):
+        await measurer.update([dev(0)])
+    assert runs == [0.0]
+    clock.now = 3600.0
+    await measurer.update([busy(0)])
+    assert runs == [0.0] and measurer.deferred == {"GPU-0"}
+    assert measurer.apply(dev(0), bench_tflops=764.0).compute.tflops_fp16_measured == 764.0
+    clock.now = 3700.0
+    await measurer.update([dev(0)])
+    assert runs == [0.0, 3700.0]
+    slowed = measurer.apply(dev(0), bench_tflops=764.0)
+    assert slowed.compute.tflops_fp16_measured == 600.0
+    assert slowed.telemetry.achieved_tflops_fp16 == 600.0  # the healer's slow-device signal
+    clock.now = 3700.0 + 3599.0
+    await measurer.update([dev(0)])
+    assert runs == [0.0, 3700.0]  # the next round counts from the last
+    measured = [(e["tflops_fp16"], e["previous"]) for e in logs if e["event"] == "acu_measured"]
+    assert measured == [(764.0, None), (600.0, 764.0)]
+
+
+async def test_measured_again_a_device_must_hold_no_more_than_it_did_at_rest() -> None:
+    """A tenant that computes nothing at the moment still holds its context
+    (about 0.5 GiB on an H100): the device is not idle for a second round."""
+    clock = Clock()
+    runs: list[float] = []
+
+    async def run(indices: Sequence[int]) -> dict[int, float]:
+        runs.append(clock.now)
+        return {0: 764.0}
+
+    measurer = measuring.Measurer(run=run, available=lambda: True, every_s=3600, clock=clock)
+    rest = dev(0, vram_free_mib=81920 - 480)
+    await measurer.update([rest])
+    assert measurer.rest_mib == {"GPU-0": 480}
+    clock.now = 3600.0
+    tenant = dev(0, vram_free_mib=81920 - 480 - 500)  # 0 % busy, 1.2 % of memory held
+    assert measuring.idle(tenant)  # idle enough for a first measurement
+    await measurer.update([tenant])
+    assert runs == [0.0] and measurer.deferred == {"GPU-0"}
+    clock.now = 3700.0
+    await measurer.update([dev(0, vram_free_mib=81920 - 480 - measuring.REST_MARGIN_MIB)])
+    assert runs == [0.0, 3700.0]
+
+
+async def test_a_round_that_fails_keeps_the_last_figure_and_the_next_round_tries_again() -> None:
+    clock = Clock()
+    runs: list[float] = []
+    answers = iter([{0: 764.0}, None, None, None, {0: 700.0}])
+
+    async def run(indices: Sequence[int]) -> dict[int, float]:
+        runs.append(clock.now)
+        answer = next(answers)
+        if answer is None:
+            raise measuring.MeasureFailed("benchmark exited with 1: CUDA error")
+        return answer
+
+    measurer = measuring.Measurer(run=run, available=lambda: True, every_s=3600, clock=clock)
+    for clock.now in (0.0, 3600.0, 3601.0, 3602.0, 3603.0, 3604.0):
+        await measurer.update([dev(0)])
+    assert runs == [0.0, 3600.0, 3601.0, 3602.0]  # three tries, then it gives up the round
+    assert measurer.tflops == {"GPU-0": 764.0} and measurer.failures == {"GPU-0": 3}
+    clock.now = 3602.0 + 3600.0
+    await measurer.update([dev(0)])
+    assert runs[-1] == 7202.0 and measurer.tflops == {"GPU-0": 700.0}
+    assert measurer.failures == {}
+
+
 @pytest.fixture
 def fake_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The benchmark child imports tests/agents/faketorch's torch; returns the
