@@ -37,7 +37,7 @@ from hcs_bus.units import DEVICES_RESOURCE, VRAM_RESOURCE, mib_to_bytes
 from scheduler import pledges
 from scheduler.placing import device_class
 from scheduler.pledges import Held
-from scheduler.state import NodeView
+from scheduler.state import DeviceView, NodeView
 
 REFERENCE_TFLOPS_PER_ACU = 3.12  # 312 dense FP16 TFLOPS = 100 ACU
 _EPS = 1e-9
@@ -89,20 +89,140 @@ class Sizing:
     arithmetic: str
 
 
+@dataclass(frozen=True, slots=True)
+class ClassPart:
+    """One class on one node: what ``merged`` folds into its ``ClassStats``."""
+
+    key: str
+    vendor: str
+    model: str
+    vram_mib: int  # the smallest device's usable VRAM
+    acu: float  # the slowest device's
+    devices: int
+    linked: bool
+    free_mib: int  # over the usable devices
+    usable: int
+    idle: int
+    frees: tuple[int, ...]  # the usable devices' free VRAM, largest first
+
+
+@dataclass(frozen=True, slots=True)
+class NodePart:
+    """One node's share of the summary, kept until the node changes: at
+    5,000 nodes reporting every 10 s the view changes 500 times a second, and
+    summarising every device again took 180 ms each time (``Parts``)."""
+
+    classes: tuple[ClassPart, ...]
+    usage: tuple[tuple[str, int, float], ...]  # namespace, VRAM MiB, ACU reserved
+    pledge_ids: tuple[str, ...]
+
+
 def summarise(nodes: Iterable[NodeView]) -> Summary:
     """Class statistics and per-namespace usage from the view."""
+    return merged((node_part(node), node.schedulable) for node in nodes)
+
+
+def node_part(node: NodeView) -> NodePart:
+    usage: dict[str, tuple[int, float]] = {}
+    ids = []
+    for res in node.reservations.values():
+        vram, acu = usage.get(res.pod.namespace, (0, 0.0))
+        usage[res.pod.namespace] = (vram + sum(s.vram_mib for s in res.devices), acu + res.acu)
+        if res.pledge:
+            ids.append(res.pledge)
+    by_class: dict[str, list[DeviceView]] = {}
+    for device in node.devices.values():
+        by_class.setdefault(device_class(device), []).append(device)
+    classes = tuple(_class_part(key, devices) for key, devices in by_class.items())
+    return NodePart(
+        classes=classes,
+        usage=tuple((ns, vram, acu) for ns, (vram, acu) in usage.items()),
+        pledge_ids=tuple(ids),
+    )
+
+
+def _class_part(key: str, devices: list[DeviceView]) -> ClassPart:
+    usable = [d for d in devices if d.usable]
+    frees = sorted((d.free_mib for d in usable), reverse=True)
+    first = devices[0].fp
+    return ClassPart(
+        key=key,
+        vendor=first.vendor,
+        model=first.model,
+        vram_mib=min(d.fp.vram_usable_mib for d in devices),
+        acu=min(d.fp.compute.acu for d in devices),
+        devices=len(devices),
+        linked=any(link.bandwidth_gbps > 0 for d in devices for link in d.fp.links),
+        free_mib=sum(frees),
+        usable=len(usable),
+        idle=sum(1 for d in usable if d.idle),
+        frees=tuple(frees),
+    )
+
+
+def merged(parts: Iterable[tuple[NodePart, bool]]) -> Summary:
+    """The summary of nodes' parts, each with whether its node is
+    schedulable (a node that is not adds its usage, not its room)."""
     classes: dict[str, ClassStats] = {}
     usage: dict[str, tuple[int, float]] = {}
     ids: set[str] = set()
-    for node in nodes:
-        for res in node.reservations.values():
-            vram, acu = usage.get(res.pod.namespace, (0, 0.0))
-            usage[res.pod.namespace] = (vram + sum(s.vram_mib for s in res.devices), acu + res.acu)
-            if res.pledge:
-                ids.add(res.pledge)
-        if node.schedulable:
-            _summarise_node(node, classes)
+    for part, schedulable in parts:
+        for ns, vram, acu in part.usage:
+            held_vram, held_acu = usage.get(ns, (0, 0.0))
+            usage[ns] = (held_vram + vram, held_acu + acu)
+        ids.update(part.pledge_ids)
+        if schedulable:
+            for c in part.classes:
+                _fold(classes, c)
     return Summary(classes=classes, usage=usage, pledge_ids=frozenset(ids))
+
+
+def _fold(classes: dict[str, ClassStats], c: ClassPart) -> None:
+    stats = classes.get(c.key)
+    if stats is None:
+        stats = classes[c.key] = ClassStats(
+            vendor=c.vendor, model=c.model, vram_mib=c.vram_mib, acu=c.acu
+        )
+    else:
+        stats.vram_mib = min(stats.vram_mib, c.vram_mib)
+        stats.acu = min(stats.acu, c.acu)
+    stats.devices += c.devices
+    stats.linked = stats.linked or c.linked
+    stats.free_mib += c.free_mib
+    stats.idle_devices += c.idle
+    stats.max_usable_per_node = max(stats.max_usable_per_node, c.usable)
+    stats.max_idle_per_node = max(stats.max_idle_per_node, c.idle)
+    kth = stats.kth_free
+    for k, value in enumerate(c.frees):
+        if k == len(kth):
+            kth.append(value)
+        elif value > kth[k]:
+            kth[k] = value
+
+
+class Parts:
+    """Each node's ``NodePart``, made again only for the nodes the view says
+    changed (``changed``, a view listener), so a summary costs one fold per
+    node instead of a pass over every device and reservation."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, NodePart] = {}
+
+    def changed(self, node: str) -> None:
+        self._held.pop(node, None)
+
+    def summary(self, nodes: Mapping[str, NodeView]) -> Summary:
+        held = self._held
+        if len(held) > len(nodes):
+            for gone in [name for name in held if name not in nodes]:
+                del held[gone]
+        pairs = []
+        for name, node in nodes.items():
+            part = held.get(name)
+            if part is None:
+                part = held[name] = node_part(node)
+            pairs.append((part, node.schedulable))
+        return merged(pairs)
 
 
 def charged(
@@ -119,35 +239,6 @@ def charged(
         vram, acu = usage.get(ns, (0, 0.0))
         usage[ns] = (vram + pledged.vram_mib, acu + pledged.acu)
     return Summary(classes=classes, usage=usage, pledge_ids=summary.pledge_ids)
-
-
-def _summarise_node(node: NodeView, classes: dict[str, ClassStats]) -> None:
-    per: dict[str, list[tuple[int, bool]]] = {}
-    for device in node.devices.values():
-        key = device_class(device)
-        stats = classes.get(key)
-        if stats is None:
-            stats = classes[key] = ClassStats(vendor=device.fp.vendor, model=device.fp.model)
-            stats.vram_mib, stats.acu = device.fp.vram_usable_mib, device.fp.compute.acu
-        stats.vram_mib = min(stats.vram_mib, device.fp.vram_usable_mib)
-        stats.acu = min(stats.acu, device.fp.compute.acu)
-        stats.devices += 1
-        stats.linked = stats.linked or any(link.bandwidth_gbps > 0 for link in device.fp.links)
-        if device.usable:
-            stats.free_mib += device.free_mib
-            per.setdefault(key, []).append((device.free_mib, device.idle))
-    for key, frees in per.items():
-        stats = classes[key]
-        stats.max_usable_per_node = max(stats.max_usable_per_node, len(frees))
-        idle = sum(1 for _, is_idle in frees if is_idle)
-        stats.idle_devices += idle
-        stats.max_idle_per_node = max(stats.max_idle_per_node, idle)
-        ordered = sorted((free for free, _ in frees), reverse=True)
-        for k, value in enumerate(ordered):
-            if k == len(stats.kth_free):
-                stats.kth_free.append(value)
-            else:
-                stats.kth_free[k] = max(stats.kth_free[k], value)
 
 
 # ----------------------------------------------------------------- sizing --

@@ -50,11 +50,13 @@ class Planner:
         self.quotas = quotas
         self.max_age_s = max_age_s
         self._summary: planning.Summary | None = None
+        self._parts = planning.Parts()
         self._at = float("-inf")
         self._dirty = True
         self.pledger: Pledger | None = None  # set by the replica: pledges counted and made
 
-    def changed(self, _node: str) -> None:
+    def changed(self, node: str) -> None:
+        self._parts.changed(node)
         self._dirty = True
 
     def summary(self) -> planning.Summary:
@@ -66,7 +68,7 @@ class Planner:
         held = self._summary
         if held is None or (self._dirty and (now - self._at >= self.max_age_s or not held.classes)):
             self._dirty = False
-            self._summary = held = planning.summarise(self.state.nodes.values())
+            self._summary = held = self._parts.summary(self.state.nodes)
             self._at = now
         return held
 
