@@ -67,7 +67,8 @@ class DeviceView:
     def free_mib(self) -> int:
         if self.whole_owner is not None:
             return 0
-        return max(self.fp.vram_usable_mib - self.reserved_mib, 0)
+        fp = self.fp  # vram_usable_mib, inline: the filter's and the summary's hot path
+        return max(fp.vram_total_mib - fp.vram_driver_mib - self.reserved_mib, 0)
 
     @property
     def usable(self) -> bool:
