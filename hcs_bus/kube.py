@@ -405,10 +405,14 @@ class Kube:
         """Yield (ADDED|MODIFIED|DELETED, pod) forever: a list first (as ADDED),
         then a watch resumed from the last resourceVersion. On 410 Gone it lists
         again and yields the difference to what it had seen. ``synced`` is set
-        once every pod of the first list has been yielded (and taken)."""
+        once every pod of the first list has been yielded (and taken). Only
+        each pod's metadata, less its managedFields, is remembered between
+        lists: a running pod as HCS mutates it (6.5 KB of JSON) held 32 KB as
+        Python objects, 320 MB for 10,000 pods, and its identity holds 3 KB.
+        So a DELETED found by a new list carries that alone."""
         query = _selectors(field_selector=field_selector, label_selector=None)
         async for event in self._list_and_watch(
-            "pods", self._core.list_pod_for_all_namespaces, query, synced=synced
+            "pods", self._core.list_pod_for_all_namespaces, query, synced=synced, keep=_identity
         ):
             yield event
 
@@ -650,6 +654,13 @@ def _selectors(*, field_selector: str | None, label_selector: str | None) -> dic
 
 def _metadata_only(obj: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": obj.get("metadata") or {}}
+
+
+def _identity(obj: dict[str, Any]) -> dict[str, Any]:
+    """The metadata without managedFields (who wrote which field: a third of
+    a pod, and nothing a consumer of a DELETED reads)."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 def _retryable(exc: KubeError) -> bool:

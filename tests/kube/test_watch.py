@@ -96,6 +96,48 @@ async def test_after_410_gone_the_watch_lists_again_and_reports_the_difference(
     assert sum(r.verb == "list" for r in apiserver.requests) == 2
 
 
+async def test_a_pod_gone_during_an_outage_is_reported_with_its_identity_alone(
+    apiserver: ApiServer, kube: Kube
+) -> None:
+    """Between lists only each pod's metadata is kept: what a DELETED needs
+    (namespace, name, uid, the pledge annotation) without spec and status."""
+    apiserver.add_pod(NS, "goes", node="gpu-node-a")
+    apiserver.update_pod(
+        NS,
+        "goes",
+        lambda p: p["metadata"].update(
+            annotations={"hcs.io/pledge": "p1"}, managedFields=[{"manager": "kubelet"}]
+        ),
+    )
+    deleted: list[dict[str, Any]] = []
+    listed = asyncio.Event()
+
+    async def consume() -> None:
+        async for kind, pod in kube.watch_pods():
+            listed.set()
+            if kind == "DELETED":
+                deleted.append(pod)
+
+    task = tasks.start(consume(), name="watch-pods-identity")
+    try:
+        await asyncio.wait_for(listed.wait(), 5)
+        await apiserver.until_watched()
+        async with apiserver.watch_outage():
+            apiserver.delete_pod(NS, "goes")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while not deleted:
+            assert loop.time() < deadline, "no DELETED after the outage"
+            await asyncio.sleep(0.01)
+    finally:
+        await tasks.stop(task)
+    [gone] = deleted
+    assert set(gone) == {"metadata"}
+    meta = gone["metadata"]
+    assert (meta["name"], meta["annotations"]) == ("goes", {"hcs.io/pledge": "p1"})
+    assert meta["uid"] and "managedFields" not in meta
+
+
 async def test_a_pod_leaving_the_field_selector_is_reported_deleted(
     apiserver: ApiServer, events: Callable[..., Events]
 ) -> None:
