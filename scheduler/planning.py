@@ -110,7 +110,7 @@ class ClassPart:
 class NodePart:
     """One node's share of the summary, kept until the node changes: at
     5,000 nodes reporting every 10 s the view changes 500 times a second, and
-    summarising every device again took 180 ms each time (``Parts``)."""
+    summarising every device again took 130 ms each time (``Parts``)."""
 
     classes: tuple[ClassPart, ...]
     usage: tuple[tuple[str, int, float], ...]  # namespace, VRAM MiB, ACU reserved
