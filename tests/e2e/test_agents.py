@@ -30,6 +30,17 @@ def _fake_tool(folder: Path, name: str, fixture: Path) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+def _on_the_npu_node(work: Workloads, name: str, *, vram: str) -> dict[str, Any]:
+    """A pod asking ``vram`` of Ascend devices, held to the node-mode node; once Running."""
+    work.pod(
+        name,
+        {"ai.compute/vram": vram},
+        annotations={"hcs.io/vendors": "huawei"},
+        nodeSelector={"kubernetes.io/hostname": NODE},
+    )
+    return work.running(name, timeout_s=60)
+
+
 def test_a_node_mode_agent_labels_its_node_and_the_kubelet_admits_a_pod_there(
     cluster: Cluster, stack: Stack, work: Workloads, tmp_path: Path
 ) -> None:
@@ -68,26 +79,14 @@ def test_a_node_mode_agent_labels_its_node_and_the_kubelet_admits_a_pod_there(
     usable_mib = sum(d.vram_usable_mib for d in readings.devices)
     assert 0 < usable_mib < sum(d.vram_total_mib for d in readings.devices)
     assert parse_quantity(alloc["ai.compute/vram"]) == usable_mib * 1024 * 1024
-    work.pod(
-        "on-npu",
-        {"ai.compute/vram": "16Gi"},
-        annotations={"hcs.io/vendors": "huawei"},
-        nodeSelector={"kubernetes.io/hostname": NODE},
-    )
-    pod = work.running("on-npu", timeout_s=60)
+    pod = _on_the_npu_node(work, "on-npu", vram="16Gi")
     assert pod["spec"]["nodeName"] == NODE
     env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert "ASCEND_VISIBLE_DEVICES" in env
 
     # 62 GiB fits a 910B's 64 GiB total, not what its driver leaves: the plan
     # takes two whole devices, as for any request larger than one device
-    work.pod(
-        "past-the-driver",
-        {"ai.compute/vram": "62Gi"},
-        annotations={"hcs.io/vendors": "huawei"},
-        nodeSelector={"kubernetes.io/hostname": NODE},
-    )
-    pod = work.running("past-the-driver", timeout_s=60)
+    pod = _on_the_npu_node(work, "past-the-driver", vram="62Gi")
     plan = json.loads(pod["metadata"]["annotations"]["hcs.io/plan"])
     assert (plan["devices"], plan["whole_device"]) == (2, True), plan
     held = {d.index: d.vram_usable_mib for d in readings.devices}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from hcs_bus.messages import NodeReservations
@@ -97,9 +98,7 @@ def test_a_slice_goes_to_the_fullest_device_that_still_fits() -> None:
     assert [d.index for d in placing.choose_devices(fit, SLICE)] == [1]
 
 
-NPU_SLICE = PlanAnnotation(
-    vendor="huawei", model="Ascend910B2", devices=1, vram_mib_per_device=16384, whole_device=False
-)
+NPU_SLICE = msgspec.structs.replace(SLICE, vendor="huawei", model="Ascend910B2")
 
 
 @pytest.mark.parametrize(("driver_mib", "room"), [(0, True), (3161, False)])
@@ -116,20 +115,12 @@ def test_what_the_driver_holds_is_never_promised(driver_mib: int, room: bool) ->
 def test_a_slice_larger_than_the_driver_leaves_is_refused_for_good_naming_the_hold() -> None:
     npu = dev(0, "huawei/Ascend910B2", driver_mib=3161)
     state = state_of(node_fp("npu", devices=(npu,)))
-    big = PlanAnnotation(
-        vendor="huawei",
-        model="Ascend910B2",
-        devices=1,
-        vram_mib_per_device=63488,
-        whole_device=False,
-    )
+    big = msgspec.structs.replace(NPU_SLICE, vram_mib_per_device=63488)
     fit = placing.check_node(state.nodes["npu"], big)
     assert fit.unresolvable
     assert "the driver holds 3161 MiB of each 65536 MiB" in fit.reason
     assert "at most 62375 MiB can be promised" in fit.reason
-    whole = PlanAnnotation(
-        vendor="huawei", model="Ascend910B2", devices=1, vram_mib_per_device=0, whole_device=True
-    )
+    whole = msgspec.structs.replace(NPU_SLICE, vram_mib_per_device=0, whole_device=True)
     fit = placing.check_node(state.nodes["npu"], whole)
     [held] = placing.slices_for(placing.choose_devices(fit, whole), whole)
     assert (held.vram_mib, held.whole) == (62375, True)
