@@ -40,6 +40,7 @@ from hcs_bus.messages import (
 from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.settings import BusSettings, Settings, replace
 from hcs_bus.telemetry import TelemetrySettings, configure
+from scheduler import planning
 from scheduler.pods import PlanAnnotation, PodInfo
 from scheduler.running import Scheduler, run
 
@@ -156,8 +157,6 @@ def bench_summary(nodes: dict[str, Any], rounds: int = 20) -> dict[str, list[flo
     view changes (at 5,000 nodes reporting every 10 s: always): made afresh
     (every device and reservation again, as before ``planning.Parts``) and
     from kept parts with 1 % of the nodes changed since the last one."""
-    from scheduler import planning  # the pure module, apart from the service
-
     names = list(nodes)
     changed = max(len(names) // 100, 1)
     parts = planning.Parts()

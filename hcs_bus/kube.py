@@ -512,12 +512,12 @@ class Kube:
         a list first (as ADDED), a watch resumed from the last resourceVersion,
         a fresh list with the difference after 410 Gone. ``synced`` is set once
         every Node of the first list has been yielded (and taken). Only each
-        Node's metadata is remembered between lists (a Node's status, images
-        included, is large), so a DELETED found by a new list carries metadata
-        alone."""
+        Node's metadata, less its managedFields, is remembered between lists
+        (a Node's status, images included, is large), so a DELETED found by a
+        new list carries that alone."""
         query = _selectors(field_selector=field_selector, label_selector=label_selector)
         async for event in self._list_and_watch(
-            "nodes", self._core.list_node, query, synced=synced, keep=_metadata_only
+            "nodes", self._core.list_node, query, synced=synced, keep=_identity
         ):
             yield event
 
@@ -652,13 +652,10 @@ def _selectors(*, field_selector: str | None, label_selector: str | None) -> dic
     return {k: v for k, v in selectors.items() if v}
 
 
-def _metadata_only(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": obj.get("metadata") or {}}
-
-
 def _identity(obj: dict[str, Any]) -> dict[str, Any]:
-    """The metadata without managedFields (who wrote which field: a third of
-    a pod, and nothing a consumer of a DELETED reads)."""
+    """What a list-and-watch remembers of an object between lists: its
+    metadata without managedFields (who wrote which field: a third of a pod,
+    and nothing a consumer of a DELETED reads)."""
     meta = obj.get("metadata") or {}
     return {"metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 

@@ -296,9 +296,8 @@ def overcommitted(
         slices = per[index]
         used = sum(s.vram_mib for _, s in slices)
         total = totals.get(index, 0)
-        shared_whole = len(slices) > 1 and any(s.whole for _, s in slices)
-        alone_whole = len(slices) == 1 and slices[0][1].whole
-        if (total and used > total and not alone_whole) or shared_whole:
+        whole = any(s.whole for _, s in slices)
+        if (whole and len(slices) > 1) or (not whole and total and used > total):
             holders = tuple(sorted(who for who, _ in slices))
             out.append(Overcommit(node, index, used, total, holders))
     return out

@@ -87,8 +87,10 @@ def parse_info(text: str, *, db: ProfileDB) -> Parsed:
         for chip in block.chips:
             index = _chip_index(block, chip)
             try:
-                device = _device(block, chip, index=index, db=db)
-                devices.append(_less_processes(device, held.get((block.npu, _chip_no(chip)), 0)))
+                processes_mib = held.get((block.npu, _chip_no(chip)), 0)
+                devices.append(
+                    _device(block, chip, index=index, db=db, processes_mib=processes_mib)
+                )
             except ValueError as exc:
                 errors.append(ParseError(tool=TOOL, device=index, reason=str(exc)))
                 devices.append(broken_device(vendor=VENDOR, index=index, error=f"{TOOL}: {exc}"))
@@ -137,16 +139,6 @@ def _chip_no(chip: list[str]) -> int:
     return int(tokens[0]) if tokens and tokens[0].isdigit() else 0
 
 
-def _less_processes(device: DeviceFingerprint, processes_mib: int) -> DeviceFingerprint:
-    """``device`` with the HBM its processes do not hold as the driver's
-    (none when they seem to hold more than is used: a torn reading)."""
-    used = device.vram_total_mib - device.vram_free_mib
-    driver = used - processes_mib
-    if device.error or driver <= 0:
-        return device
-    return msgspec.structs.replace(device, vram_driver_mib=driver)
-
-
 def _chip_index(block: _Block, chip: list[str]) -> int:
     tokens = chip[0].split()
     # 310P cards list "Chip  Device": the logical device id is the second token.
@@ -155,7 +147,11 @@ def _chip_index(block: _Block, chip: list[str]) -> int:
     return block.npu
 
 
-def _device(block: _Block, chip: list[str], *, index: int, db: ProfileDB) -> DeviceFingerprint:
+def _device(
+    block: _Block, chip: list[str], *, index: int, db: ProfileDB, processes_mib: int
+) -> DeviceFingerprint:
+    """One chip; the HBM it uses that its processes do not hold is the
+    driver's (none when they seem to hold more than is used: a torn reading)."""
     name = block.head[0].split(maxsplit=1)[1]
     health = block.head[1].split()[0] if block.head[1] else "unknown"
     bus_id = normalize_bus_id(chip[1])
@@ -181,6 +177,7 @@ def _device(block: _Block, chip: list[str], *, index: int, db: ProfileDB) -> Dev
         uuid=f"ascend-{bus_id}",
         vram_total_mib=total,
         vram_free_mib=total - used,
+        vram_driver_mib=used - processes_mib,
         pci_bus_id=bus_id,
         telemetry=telemetry,
         health_score=HEALTH_SCORES.get(health.lower(), 50),
