@@ -8,6 +8,7 @@ import pytest
 from bench.burst import (
     API,
     api_requests,
+    hcs_free_ratio,
     node_spread,
     pairs,
     report,
@@ -53,6 +54,35 @@ def test_a_process_busier_than_at_rest_costs_per_pod_and_the_ratio_follows(
     # (20 + 8) ms against (30 + 28) ms per pod, and 20 against 30 without the kubelets
     assert "predicts for pods/s): 0.48" in out
     assert "its node's CPU): 0.67" in out
+
+
+def test_the_ceiling_counts_each_hcs_process_and_the_bus_at_their_plain_cost(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def burst(label: str, **ms: tuple[str, float]) -> dict:
+        return {"label": label, "running": 1000, "cpu_wall_s": 10.0, "cpu_s": ms}
+
+    plain = burst(
+        "plain",
+        kubelets=("kube", 12.0),
+        apiserver=("kube", 11.0),
+        scheduler=("hcs", 1.0),
+        **{"nats-server": ("kube", 0.5)},
+    )
+    hcs = burst(
+        "hcs",
+        kubelets=("kube", 18.0),
+        apiserver=("kube", 14.0),
+        scheduler=("hcs", 5.0),
+        **{"nats-server": ("kube", 1.5)},
+    )
+    # 24.5 ms a plain pod; an HCS pod 38.5, of which the scheduler's 4 and the
+    # bus's 1 are HCS's own: 24.5 / 33.5 were they to cost what a plain pod does
+    assert hcs_free_ratio(plain, hcs, {}) == pytest.approx(24.5 / 33.5)
+    report_pod_cost([plain, hcs], {})
+    out = capsys.readouterr().out
+    assert "predicts for pods/s): 0.64" in out
+    assert "own code can reach here): 0.73" in out
 
 
 def test_rounds_give_each_back_to_back_pairs_ratio_and_their_median(
