@@ -107,6 +107,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 # what runs on the nodes of a real cluster, each on its own node's CPU (the
 # simulated fleet's agents stand for a DaemonSet), and the bench's own client
 ON_NODES = ("kubelets", "agents", "bench")
+BUS = "nats-server"  # counted with Kubernetes's processes, but it carries HCS's messages
 
 
 def fleet_file(nodes: int, folder: Path) -> Path:
@@ -227,7 +228,7 @@ def processes(cluster: Cluster, stack: Stack) -> dict[str, tuple[str, list[int]]
         name = "kubelets" if p.name.startswith("kubelet-") else p.name
         found.setdefault(name, ("kube", []))[1].append(p.popen.pid)
     if stack.nats.process is not None:
-        found["nats-server"] = ("kube", [stack.nats.process.pid])
+        found[BUS] = ("kube", [stack.nats.process.pid])
     return found
 
 
@@ -820,7 +821,7 @@ def report_pod_cost(results: list[dict[str, Any]], rest: dict[str, float]) -> No
             f"  the same without {', '.join(ON_NODES)} (as where each kubelet and agent has "
             f"its node's CPU): {apart:.2f}"
         )
-        ceiling = hcs_free_ratio(plain, hcs, rest)
+        ceiling = cpu_ratio(plain, hcs, rest, at_plain=hcs_own(hcs))
         print(
             "  the same were every HCS process to cost an HCS pod what it costs a plain one "
             f"(the most HCS's own code can reach here): {ceiling:.2f}"
@@ -858,27 +859,24 @@ def cpu_ratio(
     rest: dict[str, float],
     *,
     leave_out: tuple[str, ...] = (),
+    at_plain: frozenset[str] = frozenset(),
 ) -> float:
     """The ratio CPU per pod predicts with the machine saturated: plain's over
-    HCS's, over every process but those named in ``leave_out``."""
-
-    def total(r: dict[str, Any]) -> float:
-        return sum(ms for n, ms in cost_per_pod(r, rest).items() if n not in leave_out)
-
-    cpu_hcs = total(hcs)
-    return total(plain) / cpu_hcs if cpu_hcs else math.nan
-
-
-def hcs_free_ratio(plain: dict[str, Any], hcs: dict[str, Any], rest: dict[str, float]) -> float:
-    """The ratio CPU per pod predicts were each HCS process (group ``hcs``, and
-    nats-server, which carries HCS's messages) to cost no more per HCS pod
-    than per plain pod: what is left is the Kubernetes side's extra work for
-    the pod HCS makes (the kubelets' volumes, the API server's bigger
-    objects), which no speed-up of HCS's code removes."""
+    HCS's, over every process but those named in ``leave_out``; each process
+    in ``at_plain`` counted in the HCS burst at what it cost a plain pod
+    (with ``hcs_own``: the most a faster HCS could reach, what is left being
+    the Kubernetes side's extra work for the pod HCS makes)."""
     a, b = cost_per_pod(plain, rest), cost_per_pod(hcs, rest)
-    ours = {n for n, (group, _s) in hcs["cpu_s"].items() if group == "hcs" or n == "nats-server"}
-    cpu_hcs = sum(a.get(n, 0.0) if n in ours else ms for n, ms in b.items())
-    return sum(a.values()) / cpu_hcs if cpu_hcs else math.nan
+    cpu_plain = sum(ms for n, ms in a.items() if n not in leave_out)
+    cpu_hcs = sum(
+        a.get(n, 0.0) if n in at_plain else ms for n, ms in b.items() if n not in leave_out
+    )
+    return cpu_plain / cpu_hcs if cpu_hcs else math.nan
+
+
+def hcs_own(r: dict[str, Any]) -> frozenset[str]:
+    """The processes of burst ``r`` that are HCS's: its parts and the bus."""
+    return frozenset(n for n, (group, _s) in r["cpu_s"].items() if group == "hcs" or n == BUS)
 
 
 def pairs(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -8,7 +8,8 @@ import pytest
 from bench.burst import (
     API,
     api_requests,
-    hcs_free_ratio,
+    cpu_ratio,
+    hcs_own,
     node_spread,
     pairs,
     report,
@@ -78,7 +79,8 @@ def test_the_ceiling_counts_each_hcs_process_and_the_bus_at_their_plain_cost(
     )
     # 24.5 ms a plain pod; an HCS pod 38.5, of which the scheduler's 4 and the
     # bus's 1 are HCS's own: 24.5 / 33.5 were they to cost what a plain pod does
-    assert hcs_free_ratio(plain, hcs, {}) == pytest.approx(24.5 / 33.5)
+    assert hcs_own(hcs) == {"scheduler", "nats-server"}
+    assert cpu_ratio(plain, hcs, {}, at_plain=hcs_own(hcs)) == pytest.approx(24.5 / 33.5)
     report_pod_cost([plain, hcs], {})
     out = capsys.readouterr().out
     assert "predicts for pods/s): 0.64" in out
