@@ -49,6 +49,14 @@ k8s.io/kubernetes/pkg/kubelet/container/testing.(*FakeOS).Create(0xc000e3a4b0?, 
 \t/tmp/e2e/k8s-src/pkg/kubelet/container/testing/os.go:87 +0x8e
 k8s.io/kubernetes/pkg/kubelet/kuberuntime.(*kubeGenericRuntimeManager).makeMounts(0xc00095b680)
 """
+# two goroutines caught the race at once: the second's header lands before
+# the traceback, or inside it, even within a frame's line (CI: a kubelet so
+# crashed was left for dead)
+SECOND = "fatal error: concurrent map writes\n"
+FAKE_OS_CRASH_TWICE = FAKE_OS_CRASH.replace(SECOND, SECOND + SECOND)
+FAKE_OS_CRASH_WITHIN = FAKE_OS_CRASH.replace("[running]:\n", "[running]:\n" + SECOND).replace(
+    "(*FakeOS).Create(", "(*FakeOS).Create(" + SECOND
+)
 OTHER_CRASH = """\
 fatal error: concurrent map writes
 
@@ -115,3 +123,28 @@ def test_a_hollow_kubelet_killed_by_kubemarks_fake_os_race_is_started_again_and_
     finally:
         revive.stop()
         stop_all(list(nodes.values()))
+
+
+@pytest.mark.parametrize(
+    ("crash", "revivable"),
+    [
+        (FAKE_OS_CRASH, True),
+        (FAKE_OS_CRASH_TWICE, True),
+        (FAKE_OS_CRASH_WITHIN, True),
+        (OTHER_CRASH, False),
+        (FAKE_OS_CRASH.replace("concurrent map writes", "out of memory"), False),
+    ],
+    ids=["one-header", "two-headers", "header-within-frames", "status-manager", "not-a-race"],
+)
+def test_a_crashed_kubelet_is_judged_by_its_crashing_frame_and_named_with_the_crash_head(
+    tmp_path: Path, crash: str, revivable: bool
+) -> None:
+    kubelet = _kubelet(tmp_path, "n1", crash + "".join(f"frame {i}\n" for i in range(40)))
+    kubelet.popen.wait(timeout=10)
+    assert died_of_fake_os_race(kubelet) is revivable
+    message = str(kubelet.failure("stopped"))
+    # the crash's head and its goroutine's first frame are named, though the
+    # log's last lines (named too) are far below them
+    head = message[message.index("It crashed:\nfatal error: ") :]
+    assert "(*FakeOS).Create(" in head or "status.(*manager).syncPod(" in head
+    assert "frame 39" in message
