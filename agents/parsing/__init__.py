@@ -11,7 +11,9 @@ does not know).
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 import msgspec
 
@@ -23,6 +25,7 @@ __all__ = [
     "ParseError",
     "Parsed",
     "broken_device",
+    "cards_of",
     "compute_of",
     "device_from",
     "normalize_bus_id",
@@ -54,8 +57,10 @@ _BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2}
 
 def normalize_bus_id(raw: str) -> str:
     """``00000000:07:00.0`` / ``0000:C1:00.0`` / ``C1:00.0`` → ``0000:c1:00.0``
-    (the sysfs spelling, so NVML, vendor tools and kernel probes agree)."""
-    found = _BUS_ID.match(raw.strip())
+    (the sysfs spelling, so NVML, vendor tools and kernel probes agree).
+    HyHAL's hy-smi goes on after the address (``0000:05:00.0 --> SN: 25002386
+    --> OAM ID: 3``): what follows `` --> `` is not part of it."""
+    found = _BUS_ID.match(raw.split("-->", 1)[0].strip())
     if found is None:
         raise ValueError(f"not a PCI bus id: {raw!r}")
     domain, bus, dev, fn = found.groups()
@@ -131,3 +136,44 @@ def broken_device(
         health_score=0,
         error=error,
     )
+
+
+_CARD = re.compile(r"^card(\d+)$")
+# HyHAL's hy-smi (and the rocm-smi of the same DTK) print no comma after some
+# readings: ``"Average Graphics Package Power (W)": "91.0""Average GFX Core
+# Power (W)": "20.0"``. Recorded by its users on BW1000 nodes; one such
+# missing comma is put back each time the decoder stops where it expects one.
+_MISSING_COMMA = "Expecting ',' delimiter"
+
+
+def _smi_json(text: str, tool: str) -> Any:
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise ValueError(f"no JSON object in {tool} --json output: {text.strip()[:120]!r}")
+    doc = text[start : end + 1]
+    for _ in range(doc.count('"') // 2 + 1):
+        try:
+            return json.loads(doc)
+        except json.JSONDecodeError as exc:
+            if exc.msg != _MISSING_COMMA or doc[exc.pos : exc.pos + 1] != '"':
+                raise ValueError(f"{tool} --json output is not valid JSON: {exc}") from exc
+            doc = f"{doc[: exc.pos]},{doc[exc.pos :]}"
+    raise ValueError(f"{tool} --json output is not valid JSON")  # pragma: no cover
+
+
+def cards_of(text: str, *, tool: str) -> dict[int, dict[str, str]]:
+    """The ``cardN`` entries of a ``--json`` output (rocm-smi, hy-smi) by
+    device index, every reading a string; text around the object (a warning
+    line in front) is ignored. ValueError when there is no JSON object, or no
+    card in it (other top-level keys, e.g. ``system``, are ignored)."""
+    data = _smi_json(text, tool)
+    if not isinstance(data, dict):
+        raise ValueError(f"{tool} --json output is not an object")
+    cards: dict[int, dict[str, str]] = {}
+    for key, fields in data.items():
+        found = _CARD.match(str(key))
+        if found and isinstance(fields, dict):
+            cards[int(found.group(1))] = {str(k): str(v) for k, v in fields.items() if k}
+    if not cards:
+        raise ValueError(f"no card in {tool} --json output")
+    return cards

@@ -9,18 +9,25 @@ Three shapes, all keyed by device index:
 * ``--json`` — ``{"card3": {"vram Total Memory (MiB)": "65520", ...}}``, which
   some releases prefix with a warning line.
 
+HyHAL's hy-smi (the DTK 25/26 driver stack, BW1000 and K100-AI nodes) names
+devices ``HCU``: the header row ``HCU Temp AvgPwr Perf PwrCap VRAM% HCU% Dec%
+Enc% Mode``, ``HCU[3] : ...`` lines, ``HCU use (%)``; its ``--showbus`` line
+goes on after the address (``PCI Bus: 0000:05:00.0 --> SN: 2500238601000586``)
+and its ``--json`` leaves out some commas (see :func:`agents.parsing.cards_of`).
+Both generations are read alike.
+
 ``merge`` folds them into one dict per device and ``parse`` builds the devices.
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 from agents.parsing import (
     Parsed,
     ParseError,
     broken_device,
+    cards_of,
     device_from,
     normalize_bus_id,
     number,
@@ -30,8 +37,8 @@ from hcs_bus.profiles import ProfileDB
 
 TOOL = "hy-smi"
 VENDOR = "hygon"
-_DETAIL = re.compile(r"^\s*(?:DCU|GPU)\[(\d+)\]\s*:\s*(.+?)\s*:\s*(.*?)\s*$")
-_CARD = re.compile(r"^card(\d+)$")
+_DEVICE_WORDS = ("DCU", "HCU")  # the table's first column: before HyHAL, and since
+_DETAIL = re.compile(r"^\s*(?:DCU|HCU|GPU)\[(\d+)\]\s*:\s*(.+?)\s*:\s*(.*?)\s*$")
 
 Readings = dict[int, dict[str, str]]
 
@@ -45,7 +52,7 @@ def parse_table(text: str) -> tuple[Readings, list[ParseError]]:
         tokens = line.split()
         if not tokens or set(line.strip()) <= {"=", " "} or line.lstrip().startswith("="):
             continue
-        if tokens[0] == "DCU" and len(tokens) > 1:
+        if tokens[0] in _DEVICE_WORDS and len(tokens) > 1:
             header = tokens
             continue
         if header is None:
@@ -64,7 +71,7 @@ def parse_table(text: str) -> tuple[Readings, list[ParseError]]:
 
 
 def parse_details(text: str) -> Readings:
-    """``DCU[i] : key: value`` lines (keys as hy-smi prints them)."""
+    """``DCU[i] : key: value`` (or ``HCU[i]``) lines, keys as hy-smi prints them."""
     out: Readings = {}
     for line in text.splitlines():
         found = _DETAIL.match(line)
@@ -75,20 +82,8 @@ def parse_details(text: str) -> Readings:
 
 
 def parse_json(text: str) -> Readings:
-    """``--json`` output; text around the JSON object is ignored. ValueError if none."""
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end < start:
-        raise ValueError("no JSON object in hy-smi --json output")
-    try:
-        data = json.loads(text[start : end + 1])
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"hy-smi --json output is not valid JSON: {exc}") from exc
-    out: Readings = {}
-    for key, fields in data.items():
-        found = _CARD.match(key)
-        if found and isinstance(fields, dict):
-            out[int(found.group(1))] = {str(k): str(v) for k, v in fields.items()}
-    return out
+    """``--json`` output (ValueError: see :func:`agents.parsing.cards_of`)."""
+    return cards_of(text, tool=TOOL)
 
 
 def merge(*parts: Readings) -> Readings:
@@ -103,7 +98,7 @@ def parse(readings: Readings, *, db: ProfileDB, errors: list[ParseError] | None 
     """Devices from merged readings; a device with missing fields is marked broken."""
     errors = list(errors or [])
     if not readings:
-        errors.append(ParseError(tool=TOOL, reason="no DCU found in the output"))
+        errors.append(ParseError(tool=TOOL, reason="no DCU or HCU found in the output"))
     devices: list[DeviceFingerprint] = []
     for index in sorted(readings):
         fields = readings[index]
@@ -161,7 +156,7 @@ def _telemetry(fields: dict[str, str]) -> Telemetry:
         return number(raw, what=keys[0]) if raw is not None else 0.0
 
     return Telemetry(
-        utilisation_pct=read("DCU%", "DCU use (%)"),
+        utilisation_pct=read("DCU%", "HCU%", "DCU use (%)", "HCU use (%)"),
         power_w=read("AvgPwr", "Average Graphics Package Power (W)"),
         power_limit_w=read("PwrCap", "Max Graphics Package Power (W)"),
         temperature_c=read("Temp", "Temperature (Sensor junction) (C)"),

@@ -23,7 +23,8 @@ Differences between releases and devices, all accepted:
   says ``N/A (Secondary die)`` (the first die reports the package);
 * MI300 have no edge sensor: the junction temperature is used, else edge;
 * some builds print a warning line before the JSON; a Hygon DTK's tool
-  names the vendor ``Chengdu Haiguang IC Design Co., Ltd.``.
+  names the vendor ``Chengdu Haiguang IC Design Co., Ltd.``, and HyHAL's
+  says ``HCU use (%)`` and leaves out commas after some power readings.
 
 A device is vendor ``hygon`` when the vendor string or a hygon profile says
 so, else ``amd``. The profile database has no AMD model yet: such a device
@@ -36,14 +37,11 @@ device and the others stay usable.
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
-
 from agents.parsing import (
     Parsed,
     ParseError,
     broken_device,
+    cards_of,
     device_from,
     normalize_bus_id,
     number,
@@ -64,32 +62,14 @@ ARGS = (
     "--showuniqueid",
     "--json",
 )
-_CARD = re.compile(r"^card(\d+)$")
 _HYGON_WORDS = ("haiguang", "hygon")
 
 Card = dict[str, str]
 
 
 def parse_cards(text: str) -> dict[int, Card]:
-    """The ``cardN`` entries by device index; ValueError when there is no JSON
-    object or no card in it (other top-level keys, e.g. ``system``, are ignored)."""
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end < start:
-        raise ValueError(f"no JSON object in {TOOL} --json output: {text.strip()[:120]!r}")
-    try:
-        data: Any = json.loads(text[start : end + 1])
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{TOOL} --json output is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{TOOL} --json output is not an object")
-    cards: dict[int, Card] = {}
-    for key, fields in data.items():
-        found = _CARD.match(str(key))
-        if found and isinstance(fields, dict):
-            cards[int(found.group(1))] = {str(k): str(v) for k, v in fields.items()}
-    if not cards:
-        raise ValueError(f"no card in {TOOL} --json output")
-    return cards
+    """The ``cardN`` entries by device index (ValueError: see :func:`cards_of`)."""
+    return cards_of(text, tool=TOOL)
 
 
 def parse(text: str, *, db: ProfileDB) -> Parsed:
@@ -192,7 +172,7 @@ def _telemetry(fields: Card) -> Telemetry:
         return number(raw, what=keys[0]) if raw is not None else 0.0
 
     return Telemetry(
-        utilisation_pct=read("GPU use (%)", "DCU use (%)"),
+        utilisation_pct=read("GPU use (%)", "DCU use (%)", "HCU use (%)"),
         power_w=read(
             "Current Socket Graphics Package Power (W)", "Average Graphics Package Power (W)"
         ),

@@ -54,3 +54,14 @@ async def test_a_failing_then_recovering_tool_reports_both_changes(tmp_path, db)
     ok = await detecting.detect_all(detectors, node="n1", now=2.0)
     assert [e.kind for e in ok.events] == ["detector_recovered"]
     assert len(ok.devices) == 8 and ok.devices[0].model == "K100-AI"
+
+
+async def test_hyhal_hy_smi_is_detected_with_every_device(tmp_path, db) -> None:
+    fixture, details = FIXTURES / "hy-smi-bw1000.txt", FIXTURES / "hy-smi-bw1000-details.txt"
+    body = f'[ -z "$1" ] && cat {fixture} || cat {details}'
+    detectors = [detecting.hy_smi_detector(db=db, timeout_s=2, tool=tool(tmp_path, "hy-smi", body))]
+    found = await detecting.detect_all(detectors, node="n1", now=1.0)
+    assert found.events == []
+    assert [(d.vendor, d.model, d.vram_total_mib) for d in found.devices] == [
+        ("hygon", "BW", 65520)
+    ] * 4

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from agents.parsing import cnmon, hy_smi, normalize_bus_id, npu_smi, nvml_readings
+from agents.parsing import (
+    cards_of,
+    cnmon,
+    hy_smi,
+    normalize_bus_id,
+    npu_smi,
+    nvml_readings,
+    rocm_smi,
+)
 from healer import rules, signals
 from healer.histories import DeviceHistory, FingerprintSample
 from tests.agents.conftest import FIXTURES, fixture_text
@@ -126,6 +134,58 @@ def test_hy_smi_garbled_table_row_names_the_column_mismatch(db) -> None:
     parsed = _hy(table, fixture_text("hy-smi-k100-details.txt"), db)
     assert [d.index for d in parsed.devices if d.error] == [5]
     assert "columns" in str(parsed.errors[0])
+
+
+def test_hyhal_hy_smi_names_its_devices_hcu_and_gives_four_bw(db) -> None:
+    parsed = _hy(fixture_text("hy-smi-bw1000.txt"), fixture_text("hy-smi-bw1000-details.txt"), db)
+    assert parsed.errors == ()
+    assert [(d.index, d.vendor, d.model) for d in parsed.devices] == [
+        (i, "hygon", "BW") for i in range(4)
+    ]
+    two = parsed.devices[2]  # its bus line ends "--> SN: N/A"
+    assert (two.vram_total_mib, two.vram_free_mib) == (65520, 65520 - 64169)
+    assert two.telemetry.utilisation_pct == 100 and two.telemetry.power_limit_w == 1000
+    assert two.pci_bus_id == "0000:86:00.0" and two.uuid == "hygon-TCH19625050402"
+    assert parsed.devices[0].pci_bus_id == "0000:05:00.0"  # "--> SN: 2500238601000586"
+
+
+def test_hyhal_json_missing_commas_is_read_by_hy_smi_and_by_its_rocm_smi(db) -> None:
+    text = fixture_text("hy-smi-bw1000.json")
+    with pytest.raises(json.JSONDecodeError, match="Expecting ',' delimiter"):
+        json.loads(text)  # as printed: not JSON
+    parsed = hy_smi.parse(hy_smi.parse_json(text), db=db)
+    assert [d.model for d in parsed.devices] == ["BW", "BW"] and parsed.errors == ()
+    one = parsed.devices[1]
+    assert (one.telemetry.utilisation_pct, one.telemetry.power_w) == (37.5, 84)
+    assert (one.vram_total_mib, one.vram_free_mib) == (65520, 65520 - 1166)
+    rocm = rocm_smi.parse(text, db=db)  # the DTK's rocm-smi prints the same
+    assert [(d.vendor, d.model, d.pci_bus_id) for d in rocm.devices] == [
+        ("hygon", "BW", "0000:05:00.0"),
+        ("hygon", "BW", "0000:2b:00.0"),
+    ]
+    assert rocm.devices[1].telemetry.utilisation_pct == 37.5
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"card0": {"a": "1" 2}}', "not valid JSON"),  # a missing comma before no string
+        ('{"card0": {"a": "1",, "b": "2"}}', "not valid JSON"),
+        ('{"system": {"a": "1"}}', "no card"),
+        ("rocm-smi: not found", "no JSON object"),
+    ],
+)
+def test_smi_json_that_is_not_only_missing_commas_is_refused_naming_the_tool(
+    text: str, why: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^(hy-smi --json output is )?.*{why}"):
+        cards_of(text, tool="hy-smi")
+
+
+def test_smi_json_keeps_empty_values_and_drops_empty_keys() -> None:
+    # an empty value, then a missing comma, as HyHAL prints them
+    cards = cards_of('{"card3": {"": "", "Unique ID": """Card Series": "BW"}}', tool="hy-smi")
+    assert cards == {3: {"Unique ID": "", "Card Series": "BW"}}
 
 
 def test_cnmon_table_with_info_gives_eight_mlu370(db) -> None:
