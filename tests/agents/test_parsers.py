@@ -202,6 +202,60 @@ def test_cnmon_table_with_info_gives_eight_mlu370(db) -> None:
     assert three.pci_bus_id == "0000:54:00.0"
 
 
+def test_cnmon_v5_10_reporting_no_ecc_count_keeps_every_mlu(db) -> None:
+    """MLU370 with v5.10 drivers print ``N/A`` for Ecc-Error (recorded in
+    public install guides); each MLU is still read, its ECC count 0."""
+    table = fixture_text("cnmon-mlu370-x8.txt").replace(
+        "| 63%         0         |", "| 63%               N/A |"
+    )
+    assert "N/A |" in table
+    parsed = cnmon.parse_table(table, db=db)
+    assert parsed.errors == () and len(parsed.devices) == 8
+    three = parsed.devices[3]
+    assert (three.model, three.vram_free_mib, three.telemetry.utilisation_pct) == (
+        "MLU370-X8",
+        23374 - 18210,
+        63,
+    )
+    assert three.telemetry.ecc_uncorrected == 0
+
+
+def test_cnmon_v4_without_a_bus_column_takes_the_bus_from_cnmon_info(db) -> None:
+    table = fixture_text("cnmon-mlu370-x4-v4.txt")
+    alone = cnmon.parse_table(table, db=db)
+    assert alone.errors == ()
+    assert [(d.model, d.vram_total_mib, d.pci_bus_id) for d in alone.devices] == [
+        ("MLU370-X4", 23308, "")
+    ] * 3
+    assert alone.devices[1].vram_free_mib == 23308 - 9318  # the MLU column, not vMemory
+    assert [d.uuid for d in alone.devices] == ["mlu-0", "mlu-1", "mlu-2"]
+    info = cnmon.parse_info(
+        "Card 1\nUUID : ABC-1\nPCI\n    Domain ID : 0\n    Bus num : 4F\n"
+        "    Device : 0\n    Function : 0\n"
+    )
+    with_info = cnmon.parse_table(table, db=db, info=info)
+    assert (with_info.devices[1].pci_bus_id, with_info.devices[1].uuid) == (
+        "0000:4f:00.0",
+        "mlu-ABC-1",
+    )
+
+
+def test_cnmon_info_indented_as_recorded_reads_the_same(db) -> None:
+    """Recordings of real ``cnmon info`` indent the top-level keys (four
+    spaces) and their sub-keys further: the same readings come out."""
+    flat = fixture_text("cnmon-info-mlu370-x8.txt")
+    indented = "\n".join(
+        line if not line.strip() or line.startswith("Card ") else "    " + line
+        for line in flat.splitlines()
+    )
+    assert "\n    UUID " in indented and "\n            Total " in indented
+    assert cnmon.parse_info(indented) == cnmon.parse_info(flat)
+    card = cnmon.parse_info(indented)[0]
+    assert (
+        card["UUID"].startswith("4C1B3E0A") and card["Physical Memory Usage.Total"] == "23374 MiB"
+    )
+
+
 def test_cnmon_truncated_table_marks_the_half_printed_mlu(db) -> None:
     lines = fixture_text("cnmon-mlu370-x8.txt").splitlines()
     cut = next(i for i, line in enumerate(lines) if line.startswith("| 5     /"))
