@@ -257,10 +257,10 @@ def plan(overrun: Overrun, *, action: Action, slack_per_process_b: int = 0) -> l
 
 
 def npu_smi_processes(text: str) -> list[ProcessUsage]:
-    """The process table of ``npu-smi info``. The device is the NPU id (one
-    chip per NPU on 910B)."""
+    """The process table of ``npu-smi info``, each on its chip's device (the
+    NPU id only on one-chip cards: not on a 310P Duo or an A3)."""
     return [
-        ProcessUsage(pid=p.pid, device=p.npu, used_b=p.memory_mib * MIB)
+        ProcessUsage(pid=p.pid, device=p.device, used_b=p.memory_mib * MIB)
         for p in npu_smi.processes(text)
     ]
 

@@ -7,6 +7,18 @@ processes table after the devices (``| 2  0 | 184536 | python3.9 | 31568 |``:
 NPU, chip, pid, name, MB) tells what of a chip's HBM processes hold; the
 rest of what it uses is the driver's and firmware's (about 3 GiB of a
 910B's 64 at rest), which no tenant can be promised.
+
+Layouts recorded by users, all read:
+
+* 310P3 Duo cards: two chips per NPU, ``Chip  Device`` (the device id is the
+  index), both chips on one Bus-Id (the second chip's uuid names its chip);
+  NPU ids such as 96 or 32768;
+* Atlas A3 (910C): each die a device, ``Chip  Phy-ID``, named ``Ascend910``
+  (read as a 910C die, not the first-generation 910), the second die's
+  Power ``-``;
+* 310B (Atlas 200I A2): Bus-Id ``NA``;
+* npu-smi 25.5 and later: a ``Process id in container`` column after the
+  memory in the processes table.
 """
 
 from __future__ import annotations
@@ -31,40 +43,58 @@ TOOL = "npu-smi"
 VENDOR = "huawei"
 _PAIR = re.compile(r"(?<![\w.])(\d+)\s*/\s*(\d+)(?![\w.])")
 HEALTH_SCORES = {"ok": 100, "warning": 70, "alarm": 40, "critical": 0}
-_PROCESS = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*(\d+)\s*\|\s*(.*?)\s*\|\s*(\d+)\s*\|\s*$")
+_UNREPORTED = ("NA", "-")  # "-": the Power of an A3 package's second die
+# npu-smi names an A3 die as it named the first 910; the Phy-ID column tells them apart
+_A3_DIE = "Ascend910C-die"
+_BARE_910 = ("Ascend910", "910")
 
 
 class NpuProcess(NamedTuple):
-    """One row of the processes table."""
+    """One row of the processes table; ``device`` is the index of its chip's
+    device (the NPU id where the device table does not list that chip)."""
 
     npu: int
     chip: int
     pid: int
     name: str
     memory_mib: int
+    device: int
 
 
 def processes(text: str) -> list[NpuProcess]:
-    """The processes table of ``npu-smi info`` (empty when it lists none)."""
+    """The processes table of ``npu-smi info`` (empty when it lists none):
+    NPU and chip, pid, name, MB; later cells (npu-smi 25.5's ``Process id in
+    container``) are not read."""
+    devices = {
+        (block.npu, _chip_no(chip)): _chip_index(block, chip)
+        for block in _blocks(text)[0]
+        for chip in block.chips
+    }
     out = []
     in_table = False
     for line in text.splitlines():
         if "Process id" in line and "Process memory" in line:
             in_table = True
             continue
-        match = _PROCESS.match(line.strip()) if in_table else None
-        if match:
-            npu, chip, pid, name, mib = match.groups()
-            out.append(NpuProcess(int(npu), int(chip), int(pid), name, int(mib)))
+        cells = _cells(line) if in_table else None
+        if cells is None or len(cells) < 4:
+            continue
+        ids, pid, name, mib = cells[0].split(), cells[1], cells[2], cells[3]
+        if len(ids) == 2 and all(i.isdigit() for i in (*ids, pid, mib)):
+            npu, chip = int(ids[0]), int(ids[1])
+            device = devices.get((npu, chip), npu)
+            out.append(NpuProcess(npu, chip, int(pid), name, int(mib), device))
     return out
 
 
 class _Block:
-    """The name row of one NPU and its chip rows, as table cells."""
+    """The name row of one NPU and its chip rows, as table cells; ``a3``
+    when the table is an A3's (its chip header names a ``Phy-ID``)."""
 
-    def __init__(self, npu: int, head: list[str]) -> None:
+    def __init__(self, npu: int, head: list[str], *, a3: bool) -> None:
         self.npu = npu
         self.head = head
+        self.a3 = a3
         self.chips: list[list[str]] = []
 
 
@@ -73,10 +103,9 @@ def parse_info(text: str, *, db: ProfileDB) -> Parsed:
     blocks, errors = _blocks(text)
     if not blocks and not errors:
         errors.append(ParseError(tool=TOOL, reason="no NPU rows found in the output"))
-    held: dict[tuple[int, int], int] = {}
+    held: dict[int, int] = {}
     for process in processes(text):
-        key = (process.npu, process.chip)
-        held[key] = held.get(key, 0) + process.memory_mib
+        held[process.device] = held.get(process.device, 0) + process.memory_mib
     devices: list[DeviceFingerprint] = []
     for block in blocks:
         if not block.chips:
@@ -87,7 +116,7 @@ def parse_info(text: str, *, db: ProfileDB) -> Parsed:
         for chip in block.chips:
             index = _chip_index(block, chip)
             try:
-                processes_mib = held.get((block.npu, _chip_no(chip)), 0)
+                processes_mib = held.get(index, 0)
                 devices.append(
                     _device(block, chip, index=index, db=db, processes_mib=processes_mib)
                 )
@@ -107,7 +136,7 @@ def _cells(line: str) -> list[str] | None:
 def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
     blocks: list[_Block] = []
     errors: list[ParseError] = []
-    in_devices = False
+    in_devices = a3 = False
     for number_, line in enumerate(text.splitlines(), start=1):
         cells = _cells(line)
         if cells is None or len(cells) < 3:
@@ -118,6 +147,8 @@ def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
         if first[:2] == ["NPU", "Name"]:
             in_devices = True
             continue
+        if first[:2] == ["Chip", "Phy-ID"]:
+            a3 = True
         if not in_devices or not first or first[0] in ("Chip", "NPU"):
             if first[:1] == ["NPU"] and blocks:
                 break  # the processes table starts
@@ -128,7 +159,7 @@ def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
                     ParseError(tool=TOOL, reason=f"line {number_}: bad NPU id {first[0]!r}")
                 )
                 continue
-            blocks.append(_Block(int(first[0]), cells))
+            blocks.append(_Block(int(first[0]), cells, a3=a3))
         elif blocks:
             blocks[-1].chips.append(cells)
     return blocks, errors
@@ -153,8 +184,14 @@ def _device(
     """One chip; the HBM it uses that its processes do not hold is the
     driver's (none when they seem to hold more than is used: a torn reading)."""
     name = block.head[0].split(maxsplit=1)[1]
+    if block.a3 and name in _BARE_910:
+        name = _A3_DIE
     health = block.head[1].split()[0] if block.head[1] else "unknown"
-    bus_id = normalize_bus_id(chip[1])
+    bus_id = "" if chip[1].upper() in _UNREPORTED else normalize_bus_id(chip[1])
+    chip_no = _chip_no(chip)
+    # two chips of a 310P Duo share a Bus-Id; a 310B has none
+    where = bus_id or f"npu{block.npu}"
+    uuid = f"ascend-{where}-{chip_no}" if chip_no or not bus_id else f"ascend-{where}"
     power_temp = block.head[2].split()
     if len(power_temp) < 2:
         raise ValueError(f"power/temperature cell is incomplete: {block.head[2]!r}")
@@ -174,7 +211,7 @@ def _device(
         vendor=VENDOR,
         name=name,
         index=index,
-        uuid=f"ascend-{bus_id}",
+        uuid=uuid,
         vram_total_mib=total,
         vram_free_mib=total - used,
         vram_driver_mib=used - processes_mib,
@@ -185,7 +222,7 @@ def _device(
 
 
 def _optional(raw: str, *, what: str) -> float:
-    return 0.0 if raw.upper() == "NA" else number(raw, what=what)
+    return 0.0 if raw.upper() in _UNREPORTED else number(raw, what=what)
 
 
 def parse_kv(text: str) -> dict[str, str]:

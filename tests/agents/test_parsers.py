@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from agents import overquota
 from agents.parsing import (
     cards_of,
     cnmon,
@@ -91,6 +92,49 @@ def test_npu_smi_board_and_health_key_values() -> None:
         npu_smi.parse_kv(fixture_text("npu-smi-info-t-health-910b.txt"))
     )
     assert (status, code) == ("Warning", "80E18005")
+
+
+def test_npu_smi_on_an_a3_lists_each_die_as_a_910c_die_with_its_processes(db) -> None:
+    text = fixture_text("npu-smi-info-a3.txt")
+    parsed = npu_smi.parse_info(text, db=db)
+    assert parsed.errors == ()  # the second die's Power is "-"
+    assert [(d.index, d.model, d.vram_total_mib) for d in parsed.devices] == [
+        (i, "Ascend910C-die", 65536) for i in range(4)
+    ]
+    assert db.match("huawei", "Ascend910").model == "Ascend910A"  # the name alone says 910A
+    assert parsed.devices[0].compute.tflops_fp16_profile == 390  # half a 910C package
+    assert parsed.devices[1].telemetry.power_w == 0 and parsed.devices[0].telemetry.power_w == 166.4
+    # npu-smi 26's processes table has a column after the memory
+    assert [(p.npu, p.chip, p.device, p.memory_mib) for p in npu_smi.processes(text)] == [
+        (1, 0, 2, 35232),
+        (1, 1, 3, 35222),
+    ]
+    assert [d.vram_driver_mib for d in parsed.devices] == [3158, 2882, 38390 - 35232, 38104 - 35222]
+    assert len({d.uuid for d in parsed.devices}) == 4
+
+
+def test_npu_smi_310p3_duo_chips_are_devices_of_their_own(db) -> None:
+    text = fixture_text("npu-smi-info-310p3-duo.txt")
+    parsed = npu_smi.parse_info(text, db=db)
+    assert parsed.errors == ()
+    assert [(d.index, d.model, d.pci_bus_id) for d in parsed.devices] == [
+        (0, "Ascend310P", "0000:01:00.0"),
+        (1, "Ascend310P", "0000:01:00.0"),
+        (2, "Ascend310P", "0000:03:00.0"),
+        (3, "Ascend310P", "0000:03:00.0"),
+    ]
+    assert len({d.uuid for d in parsed.devices}) == 4  # one Bus-Id, two chips
+    assert parsed.devices[0].uuid == "ascend-0000:01:00.0"  # a first chip's as before
+    [process] = npu_smi.processes(text)  # NPU 0, chip 1: device 1, its name empty
+    assert (process.device, process.name, process.memory_mib) == (1, "", 34086)
+    assert parsed.devices[1].vram_driver_mib == 35270 - 34086
+    assert [u.device for u in overquota.npu_smi_processes(text)] == [1]
+
+
+def test_npu_smi_310b_without_a_bus_id_is_read(db) -> None:
+    text = fixture_text("npu-smi-info-910b.txt").replace("0000:C1:00.0", "NA          ")
+    zero = npu_smi.parse_info(text, db=db).devices[0]
+    assert zero.error is None and zero.pci_bus_id == "" and zero.uuid == "ascend-npu0-0"
 
 
 def _hy(text_table: str, text_details: str, db):
