@@ -28,6 +28,7 @@ from agents.overquota import (
     ProcessUsage,
     Streaks,
     health_event,
+    hy_smi_processes,
     npu_smi_processes,
     overruns,
     plan,
@@ -64,12 +65,14 @@ def nvml_processes() -> list[ProcessUsage]:
     return out
 
 
-def npu_smi_reader(*, timeout_s: float) -> Reader:
+def tool_reader(
+    argv: list[str], parse: Callable[[str], list[ProcessUsage]], *, timeout_s: float
+) -> Reader:
+    """A vendor tool's per-process readings (none when it fails)."""
+
     def read() -> list[ProcessUsage]:
-        done = subprocess.run(
-            ["npu-smi", "info"], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-        return npu_smi_processes(done.stdout) if done.returncode == 0 else []
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        return parse(done.stdout) if done.returncode == 0 else []
 
     return read
 
@@ -80,7 +83,9 @@ def readers(*, timeout_s: float) -> list[Reader]:
     if nvml.available():
         found.append(nvml_processes)
     if shutil.which("npu-smi"):
-        found.append(npu_smi_reader(timeout_s=timeout_s))
+        found.append(tool_reader(["npu-smi", "info"], npu_smi_processes, timeout_s=timeout_s))
+    if shutil.which("hy-smi"):
+        found.append(tool_reader(["hy-smi", "--showpids"], hy_smi_processes, timeout_s=timeout_s))
     return found
 
 

@@ -3,7 +3,7 @@
 The interceptor in each pod enforces its VRAM slice from inside; whatever gets
 past it (a process without ``LD_PRELOAD``, a path it does not hook, an edited
 accounting file) still shows in the device memory that the driver reports per
-process. Here: those readings (NVML, npu-smi) are mapped to pods through
+process. Here: those readings (NVML, npu-smi, hy-smi) are mapped to pods through
 ``/proc/<pid>/cgroup``, summed per pod and device, and compared with the pod's
 ``hcs.io/vram-quota`` annotation; an overrun becomes a ``HealthEvent`` naming
 the pod and its processes, and the configured action (report, evict the pod,
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from agents.parsing import npu_smi
+from agents.parsing import hy_smi, npu_smi
 from hcs_bus import vocabulary
 from hcs_bus.messages import HealthEvent
 from hcs_bus.units import QuantityError, parse_quantity
@@ -262,6 +262,16 @@ def npu_smi_processes(text: str) -> list[ProcessUsage]:
     return [
         ProcessUsage(pid=p.pid, device=p.device, used_b=p.memory_mib * MIB)
         for p in npu_smi.processes(text)
+    ]
+
+
+def hy_smi_processes(text: str) -> list[ProcessUsage]:
+    """``hy-smi --showpids``, for processes on one device: a process on
+    several is left out, the tool printing only its total."""
+    return [
+        ProcessUsage(pid=p.pid, device=p.devices[0], used_b=p.vram_mib * MIB)
+        for p in hy_smi.processes(text)
+        if len(p.devices) == 1
     ]
 
 

@@ -22,6 +22,7 @@ Both generations are read alike.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from agents.parsing import (
     Parsed,
@@ -40,7 +41,38 @@ VENDOR = "hygon"
 _DEVICE_WORDS = ("DCU", "HCU")  # the table's first column: before HyHAL, and since
 _DETAIL = re.compile(r"^\s*(?:DCU|HCU|GPU)\[(\d+)\]\s*:\s*(.+?)\s*:\s*(.*?)\s*$")
 
+_PID = re.compile(r"^\s*PID:\s*(\d+)\s*$")
+_INDEX = re.compile(r"^\s*(?:HCU|DCU|GPU) Index:(.*)$")
+_PID_VRAM = re.compile(r"^\s*VRAM USED\(MiB\):\s*(\d+)\s*$")
+
 Readings = dict[int, dict[str, str]]
+
+
+class HyProcess(NamedTuple):
+    """One process of ``hy-smi --showpids``: its devices (host indices) and
+    the VRAM it holds on all of them together (the tool gives no split)."""
+
+    pid: int
+    devices: tuple[int, ...]
+    vram_mib: int
+
+
+def processes(text: str) -> list[HyProcess]:
+    """``hy-smi --showpids``: a ``PID: n`` block per process (``HCU Index:
+    ['1']``, ``VRAM USED(MiB): 9649``); none for ``No KFD PIDs currently
+    running!``. A block without both readings is left out."""
+    out: list[HyProcess] = []
+    pid: int | None = None
+    devices: tuple[int, ...] = ()
+    for line in text.splitlines():
+        if found := _PID.match(line):
+            pid, devices = int(found.group(1)), ()
+        elif pid is not None and (found := _INDEX.match(line)):
+            devices = tuple(int(d) for d in re.findall(r"'(\d+)'", found.group(1)))
+        elif pid is not None and devices and (found := _PID_VRAM.match(line)):
+            out.append(HyProcess(pid, devices, int(found.group(1))))
+            pid = None
+    return out
 
 
 def parse_table(text: str) -> tuple[Readings, list[ParseError]]:

@@ -4,9 +4,11 @@ annotation means, when a pod is over quota, and what to do about it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from agents.backstop import tool_reader
 from agents.overquota import (
     Evict,
     Kill,
@@ -15,6 +17,7 @@ from agents.overquota import (
     ProcessUsage,
     Streaks,
     health_event,
+    hy_smi_processes,
     npu_smi_processes,
     overruns,
     parse_quota,
@@ -24,6 +27,7 @@ from agents.overquota import (
     quotas_of_pods,
     usages_from_records,
 )
+from agents.parsing import hy_smi
 
 from .conftest import fixture_text
 
@@ -187,3 +191,28 @@ def test_npu_smi_process_table_gives_per_process_memory() -> None:
         ProcessUsage(pid=184536, device=2, used_b=31568 * MiB)
     ]
     assert npu_smi_processes("garbage\n| 1 0 | 2 | x | 3 |\n") == []
+
+
+def test_hy_smi_showpids_gives_the_processes_on_one_device_and_their_overrun() -> None:
+    text = fixture_text("hy-smi-bw1000-showpids.txt")
+    assert hy_smi.processes(text) == [
+        hy_smi.HyProcess(pid=2004092, devices=(1,), vram_mib=9649),
+        hy_smi.HyProcess(pid=3865170, devices=(2, 3), vram_mib=18660),
+    ]
+    # the process on two devices has no per-device figure: left out
+    usages = hy_smi_processes(text)
+    assert usages == [ProcessUsage(pid=2004092, device=1, used_b=9649 * MiB)]
+    assert hy_smi_processes("No KFD PIDs currently running!\n") == []
+    quota = PodQuota(uid=TRAINER, namespace="ml", name="dcu-0", devices=(1,), every_device=8 * GiB)
+    [found] = overruns(usages, pod_of_pid={2004092: TRAINER}, quotas={TRAINER: quota})
+    assert (found.pod.name, found.device, found.used_b) == ("dcu-0", 1, 9649 * MiB)
+
+
+def test_a_vendor_tool_reader_runs_the_tool_and_reads_nothing_when_it_fails(tmp_path) -> None:
+    fixture = Path(__file__).with_name("fixtures") / "hy-smi-bw1000-showpids.txt"
+    tool = tmp_path / "hy-smi"
+    tool.write_text(f'#!/bin/sh\n[ "$1" = --showpids ] && cat {fixture} || exit 3\n')
+    tool.chmod(0o755)
+    read = tool_reader([str(tool), "--showpids"], hy_smi_processes, timeout_s=5)
+    assert [u.pid for u in read()] == [2004092]
+    assert tool_reader([str(tool), "--other"], hy_smi_processes, timeout_s=5)() == []
