@@ -17,6 +17,8 @@ Layouts recorded by users, all read:
   (read as a 910C die, not the first-generation 910), the second die's
   Power ``-``;
 * 310B (Atlas 200I A2): Bus-Id ``NA``;
+* Ascend 950 (npu-smi 25.6): ``NPU ID | Name | Health`` in cells of their
+  own, the second row's id cells empty, Bus-Id ``NA``;
 * npu-smi 25.5 and later: a ``Process id in container`` column after the
   memory in the processes table.
 """
@@ -80,6 +82,8 @@ def processes(text: str) -> list[NpuProcess]:
         if cells is None or len(cells) < 4:
             continue
         ids, pid, name, mib = cells[0].split(), cells[1], cells[2], cells[3]
+        if len(ids) == 1:  # the Ascend 950's table: an NPU ID, one chip
+            ids.append("0")
         if len(ids) == 2 and all(i.isdigit() for i in (*ids, pid, mib)):
             npu, chip = int(ids[0]), int(ids[1])
             device = devices.get((npu, chip), npu)
@@ -136,13 +140,18 @@ def _cells(line: str) -> list[str] | None:
 def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
     blocks: list[_Block] = []
     errors: list[ParseError] = []
-    in_devices = a3 = False
+    in_devices = a3 = wide = False
     for number_, line in enumerate(text.splitlines(), start=1):
         cells = _cells(line)
         if cells is None or len(cells) < 3:
             if cells is not None and blocks and "process" in line.lower():
                 break
             continue
+        if cells[:2] == ["NPU ID", "Name"] and not blocks:
+            in_devices = wide = True
+            continue
+        if wide:
+            cells = _narrow(cells)
         first = cells[0].split()
         if first[:2] == ["NPU", "Name"]:
             in_devices = True
@@ -163,6 +172,19 @@ def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
         elif blocks:
             blocks[-1].chips.append(cells)
     return blocks, errors
+
+
+def _narrow(cells: list[str]) -> list[str]:
+    """A row of the ``NPU ID | Name | Health | ...`` layout (Ascend 950) as
+    the usual three cells: ``NPU Name`` in the name row, chip 0 in the other
+    (whose id cells are empty)."""
+    if len(cells) < 4:
+        return cells
+    if cells[0].isdigit():
+        return [f"{cells[0]} {cells[1]}", *cells[2:]]
+    if not cells[0] and not cells[1]:
+        return ["0", *cells[2:]]
+    return cells
 
 
 def _chip_no(chip: list[str]) -> int:

@@ -131,6 +131,24 @@ def test_npu_smi_310p3_duo_chips_are_devices_of_their_own(db) -> None:
     assert [u.device for u in overquota.npu_smi_processes(text)] == [1]
 
 
+def test_npu_smi_on_an_ascend_950_reads_its_own_layout(db) -> None:
+    text = fixture_text("npu-smi-info-950.txt")
+    parsed = npu_smi.parse_info(text, db=db)
+    assert parsed.errors == ()
+    assert [(d.index, d.model, d.vram_total_mib, d.pci_bus_id) for d in parsed.devices] == [
+        (0, "Ascend950DT", 98304, ""),
+        (1, "Ascend950DT", 98304, ""),
+    ]
+    one = parsed.devices[1]
+    assert (one.health_score, one.telemetry.utilisation_pct, one.telemetry.power_w) == (
+        70,
+        37,
+        402.3,
+    )
+    assert one.vram_driver_mib == 52110 - 47340  # its process, on NPU 1
+    assert [(p.device, p.memory_mib) for p in npu_smi.processes(text)] == [(1, 47340)]
+
+
 def test_npu_smi_310b_without_a_bus_id_is_read(db) -> None:
     text = fixture_text("npu-smi-info-910b.txt").replace("0000:C1:00.0", "NA          ")
     zero = npu_smi.parse_info(text, db=db).devices[0]
