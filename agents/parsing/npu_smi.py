@@ -67,11 +67,10 @@ def processes(text: str) -> list[NpuProcess]:
     """The processes table of ``npu-smi info`` (empty when it lists none):
     NPU and chip, pid, name, MB; later cells (npu-smi 25.5's ``Process id in
     container``) are not read."""
-    devices = {
-        (block.npu, _chip_no(chip)): _chip_index(block, chip)
-        for block in _blocks(text)[0]
-        for chip in block.chips
-    }
+    return _processes(text, _devices(_blocks(text)[0]))
+
+
+def _processes(text: str, devices: dict[tuple[int, int], int]) -> list[NpuProcess]:
     out = []
     in_table = False
     for line in text.splitlines():
@@ -108,7 +107,7 @@ def parse_info(text: str, *, db: ProfileDB) -> Parsed:
     if not blocks and not errors:
         errors.append(ParseError(tool=TOOL, reason="no NPU rows found in the output"))
     held: dict[int, int] = {}
-    for process in processes(text):
+    for process in _processes(text, _devices(blocks)):
         held[process.device] = held.get(process.device, 0) + process.memory_mib
     devices: list[DeviceFingerprint] = []
     for block in blocks:
@@ -172,6 +171,11 @@ def _blocks(text: str) -> tuple[list[_Block], list[ParseError]]:
         elif blocks:
             blocks[-1].chips.append(cells)
     return blocks, errors
+
+
+def _devices(blocks: list[_Block]) -> dict[tuple[int, int], int]:
+    """Each chip's device index by (NPU id, chip)."""
+    return {(b.npu, _chip_no(chip)): _chip_index(b, chip) for b in blocks for chip in b.chips}
 
 
 def _narrow(cells: list[str]) -> list[str]:
