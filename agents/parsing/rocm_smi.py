@@ -67,17 +67,13 @@ _HYGON_WORDS = ("haiguang", "hygon")
 Card = dict[str, str]
 
 
-def parse_cards(text: str) -> dict[int, Card]:
-    """The ``cardN`` entries by device index (ValueError: see :func:`cards_of`)."""
-    return cards_of(text, tool=TOOL)
-
-
 def parse(text: str, *, db: ProfileDB) -> Parsed:
-    """Devices from ``rocm-smi`` :data:`ARGS` output (ValueError: see :func:`parse_cards`)."""
+    """Devices from ``rocm-smi`` :data:`ARGS` output (ValueError: see
+    :func:`agents.parsing.cards_of`)."""
     errors: list[ParseError] = []
     notes: list[str] = []
     devices: list[DeviceFingerprint] = []
-    for index, fields in sorted(parse_cards(text).items()):
+    for index, fields in sorted(cards_of(text, tool=TOOL).items()):
         try:
             device = _device(index, fields, db=db)
         except ValueError as exc:
