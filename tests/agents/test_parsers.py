@@ -204,6 +204,9 @@ def test_hyhal_hy_smi_names_its_devices_hcu_and_gives_four_bw(db) -> None:
     assert [(d.index, d.vendor, d.model) for d in parsed.devices] == [
         (i, "hygon", "BW") for i in range(4)
     ]
+    # an unknown model (the "BW" card series names no one model and has no published
+    # figures): its VRAM is offered, no profile compute
+    assert {d.compute.acu_profile for d in parsed.devices} == {0.0}
     two = parsed.devices[2]  # its bus line ends "--> SN: N/A"
     assert (two.vram_total_mib, two.vram_free_mib) == (65520, 65520 - 64169)
     assert two.telemetry.utilisation_pct == 100 and two.telemetry.power_limit_w == 1000

@@ -11,8 +11,8 @@ REQUIRED_MODELS = (
     "nvidia/V100", "nvidia/T4", "nvidia/A10", "nvidia/L20", "nvidia/L40S", "nvidia/A100-40G",
     "nvidia/A100-80G", "nvidia/A800", "nvidia/H100-SXM", "nvidia/H100-PCIe", "nvidia/H800",
     "nvidia/H20", "nvidia/H200", "huawei/Ascend910A", "huawei/Ascend910B1",
-    "huawei/Ascend910B2", "huawei/Ascend910B3", "huawei/Ascend910B4", "huawei/Ascend910C",
-    "huawei/Ascend310P", "hygon/Z100", "hygon/K100", "hygon/K100-AI", "cambricon/MLU370-X8",
+    "huawei/Ascend910B2", "huawei/Ascend910B3", "huawei/Ascend910B4", "huawei/Ascend910B4-1",
+    "huawei/Ascend910C", "huawei/Ascend310P", "hygon/Z100", "hygon/K100", "hygon/K100-AI", "cambricon/MLU370-X8",
     "cambricon/MLU590", "mthreads/S4000", "iluvatar/BI-V100",
 )  # fmt: skip
 
@@ -153,6 +153,8 @@ def test_a_unit_the_target_lacks_or_an_unknown_unit_is_refused_by_name(
         ("huawei", "Ascend910B3", "huawei/Ascend910B3"),
         ("huawei", "Ascend 910B3", "huawei/Ascend910B3"),
         ("huawei", "910B4", "huawei/Ascend910B4"),
+        ("huawei", "910B4-1", "huawei/Ascend910B4-1"),
+        ("huawei", "Ascend910B4-1", "huawei/Ascend910B4-1"),
         ("huawei", "310P3", "huawei/Ascend310P"),
         ("huawei", "Ascend910A", "huawei/Ascend910A"),
         ("hygon", "K100_AI", "hygon/K100-AI"),
@@ -188,7 +190,7 @@ def test_pci_ids_find_a_unique_model_and_refuse_to_guess_a_shared_one(
     assert db.by_pci(0x10DE, 0x20B5) == db.get("nvidia/A100-80G")
     assert db.by_pci(0x19E5, 0xD802) is None
     assert {p.model for p in db.all_by_pci(0x19E5, 0xD802)} == {
-        "Ascend910B1", "Ascend910B2", "Ascend910B3", "Ascend910B4",
+        "Ascend910B1", "Ascend910B2", "Ascend910B3", "Ascend910B4", "Ascend910B4-1",
     }  # fmt: skip
     assert db.by_pci(0x10DE, 0xFFFF) is None
 
