@@ -102,7 +102,9 @@ def test_npu_smi_on_an_a3_lists_each_die_as_a_910c_die_with_its_processes(db) ->
         (i, "Ascend910C-die", 65536) for i in range(4)
     ]
     assert db.match("huawei", "Ascend910").model == "Ascend910A"  # the name alone says 910A
-    assert parsed.devices[0].compute.tflops_fp16_profile == 390  # half a 910C package
+    die, package = db.get("huawei/Ascend910C-die"), db.get("huawei/Ascend910C")
+    assert parsed.devices[0].compute.tflops_fp16_profile == die.tflops_fp16
+    assert die.tflops_fp16 * 2 == pytest.approx(package.tflops_fp16)  # half a package
     assert parsed.devices[1].telemetry.power_w == 0 and parsed.devices[0].telemetry.power_w == 166.4
     # npu-smi 26's processes table has a column after the memory
     assert [(p.npu, p.chip, p.device, p.memory_mib) for p in npu_smi.processes(text)] == [

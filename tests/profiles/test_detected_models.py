@@ -60,7 +60,6 @@ def test_a_detected_model_resolves_to_its_profile_and_its_acu(
         ("cnmon", "MLU370-X4"),
         ("cnmon", "MLU590-M9DG"),
         ("npu-smi", "Ascend950DT"),
-        ("npu-smi", "910ProB"),
     ],
 )
 def test_a_model_without_published_figures_offers_its_vram_and_no_compute(
@@ -72,13 +71,48 @@ def test_a_model_without_published_figures_offers_its_vram_and_no_compute(
         assert (device.compute.acu_profile, device.compute.tflops_fp16_profile) == (0, 0)
 
 
-def test_the_910b4_1_is_a_64_gib_910b4_and_never_promises_more_compute(
-    db: profiles.ProfileDB,
-) -> None:
+def test_the_910b4_1_is_a_64_gib_910b4(db: profiles.ProfileDB) -> None:
     b4_1, b4 = db.get("huawei/Ascend910B4-1"), db.get("huawei/Ascend910B4")
     assert (b4_1.vram_mib, b4.vram_mib) == (65536, 32768)
-    # 20 AI cores x a 16x16x16 cube x 2 x 1.5 GHz, from CANN's platform file
-    assert b4_1.tflops_fp16 == pytest.approx(20 * 16**3 * 2 * 1.5e9 / 1e12)
-    assert b4_1.tflops_fp16 <= b4.tflops_fp16
+    assert (b4_1.tflops_fp16, b4_1.tops_int8) == (b4.tflops_fp16, b4.tops_int8)
     assert db.match("huawei", "Ascend910B4-1") is b4_1
     assert db.match("huawei", "Ascend910B4") is b4
+
+
+# (cube cores, cube_freq MHz) of each chip's CANN platform file (hicann/runtime,
+# src/platform/platform_config/cann/<SoC>.ini), the source the profiles cite
+CANN_CUBES = {
+    "huawei/Ascend910B1": (24, 1850),
+    "huawei/Ascend910B2": (24, 1800),
+    "huawei/Ascend910B3": (20, 1800),
+    "huawei/Ascend910B4": (20, 1500),
+    "huawei/Ascend910B4-1": (20, 1500),
+    "huawei/Ascend910C-die": (24, 1850),  # Ascend910_9391 / _9392
+}
+
+
+@pytest.mark.parametrize("key", sorted(CANN_CUBES))
+def test_an_ascend_peak_is_its_cube_cores_at_their_clock(db: profiles.ProfileDB, key: str) -> None:
+    cores, mhz = CANN_CUBES[key]
+    profile = db.get(key)
+    # each AI core a 16x16x16 cube, two operations per multiply-add; BF16 at the FP16
+    # rate, INT8 at twice it (DT_INT8=16,32,16)
+    assert profile.tflops_fp16 == pytest.approx(cores * 16**3 * 2 * mhz / 1e6, abs=0.01)
+    assert profile.tflops_bf16 == profile.tflops_fp16
+    assert profile.tops_int8 == pytest.approx(2 * profile.tflops_fp16, abs=0.01)
+    assert "hicann/runtime" in profile.sources["tflops_fp16"]
+
+
+def test_first_generation_910_parts_never_get_more_than_their_cubes(
+    db: profiles.ProfileDB,
+) -> None:
+    # 910ProA 32 cores at 1.1 GHz, 910ProB 30 at 1.15, 910PremiumA 32 at 1.22 (CANN's files):
+    # they share the 910A's profile, a floor for each
+    for name, (cores, mhz) in {
+        "910ProA": (32, 1100),
+        "910ProB": (30, 1150),
+        "910PremiumA": (32, 1220),
+    }.items():
+        profile = db.match("huawei", name)
+        assert profile is not None and profile.model == "Ascend910A", name
+        assert profile.tflops_fp16 <= cores * 16**3 * 2 * mhz / 1e6, name

@@ -80,8 +80,8 @@ def test_one_a100_80g_needs_two_910b2_because_of_vram_not_compute(
     assert result.exact == pytest.approx(81920 / 65536)
     assert result.arithmetic == (
         "1 × nvidia/A100-80G = 100.0 ACU, 81920 MiB; "
-        "huawei/Ascend910B2 = 120.2 ACU, 65536 MiB each "
-        "→ ACU needs 0.83, VRAM needs 1.25 → 2 devices"
+        "huawei/Ascend910B2 = 113.4 ACU, 65536 MiB each "
+        "→ ACU needs 0.88, VRAM needs 1.25 → 2 devices"
     )
 
 
@@ -103,9 +103,9 @@ def test_equal_devices_convert_one_to_one_without_float_noise(db: profiles.Profi
 def test_100_tflops_fp16_fits_on_one_910b2(db: profiles.ProfileDB) -> None:
     result = convert_amount(100, "tflops-fp16", db.get("huawei/Ascend910B2"))
     assert result.devices == 1
-    assert result.exact == pytest.approx(100 / 375)
+    assert result.exact == pytest.approx(100 / 353.89)
     assert result.arithmetic == (
-        "100 TFLOPS FP16; huawei/Ascend910B2 = 375 TFLOPS FP16 each → 0.27 → 1 device"
+        "100 TFLOPS FP16; huawei/Ascend910B2 = 353.9 TFLOPS FP16 each → 0.28 → 1 device"
     )
 
 
