@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ from hcs_bus.telemetry import logger
 from hcs_bus.vocabulary import Kind
 
 _log = logger("hcs.agent.detecting")
+# how long an A3 die whose board could not be read waits before it is asked again
+BOARD_RETRY_S = 600.0
 
 
 class DetectorFailure(Exception):
@@ -69,9 +72,52 @@ class Detector:
     noted: set[str] = field(default_factory=set)
 
 
-def npu_smi_detector(*, db: ProfileDB, timeout_s: float, tool: str = "npu-smi") -> Detector:
+def npu_smi_detector(
+    *,
+    db: ProfileDB,
+    timeout_s: float,
+    tool: str = "npu-smi",
+    board_retry_s: float = BOARD_RETRY_S,
+) -> Detector:
+    """``npu-smi info``; on an Atlas A3, each die named by its bin, read once
+    per die from ``npu-smi info -t board`` (a die whose board cannot be read
+    stays an ``Ascend910C-die``, the least bin, and is asked again later)."""
+    socs: dict[str, str | None] = {}  # die uuid -> its SoC (None: the board names none)
+    failed: dict[str, float] = {}  # die uuid -> when its board could not be read
+
+    async def soc_of(die: npu_smi.A3Die, uuid: str, notes: list[str]) -> str | None:
+        if uuid in socs:
+            return socs[uuid]
+        if time.monotonic() - failed.get(uuid, -board_retry_s) < board_retry_s:
+            return None
+        argv = [tool, "info", "-t", "board", "-i", str(die.npu), "-c", str(die.chip)]
+        try:
+            board = npu_smi.parse_kv(await run_tool(argv, timeout_s=timeout_s))
+        except DetectorFailure as exc:
+            failed[uuid] = time.monotonic()
+            notes.append(f"A3 die {die.device}: its bin is unknown ({exc})")
+            return None
+        socs[uuid] = npu_smi.a3_soc(board)
+        return socs[uuid]
+
     async def detect() -> Parsed:
-        return npu_smi.parse_info(await run_tool([tool, "info"], timeout_s=timeout_s), db=db)
+        text = await run_tool([tool, "info"], timeout_s=timeout_s)
+        parsed = npu_smi.parse_info(text, db=db)
+        dies = {die.device: die for die in npu_smi.a3_dies(text)}
+        if not dies:
+            return parsed
+        devices, notes = list(parsed.devices), list(parsed.notes)
+        for i, device in enumerate(devices):
+            die = dies.get(device.index)
+            if die is None or device.error:
+                continue
+            soc = await soc_of(die, device.uuid, notes)
+            named = npu_smi.with_soc(device, soc, db=db) if soc else None
+            if named is not None:
+                devices[i] = named
+            elif soc:
+                notes.append(f"A3 die bin {soc} has no profile: read as the least bin")
+        return Parsed(devices=tuple(devices), errors=parsed.errors, notes=tuple(notes))
 
     return Detector("npu-smi", detect)
 

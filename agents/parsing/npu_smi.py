@@ -15,7 +15,10 @@ Layouts recorded by users, all read:
   NPU ids such as 96 or 32768;
 * Atlas A3 (910C): each die a device, ``Chip  Phy-ID``, named ``Ascend910``
   (read as a 910C die, not the first-generation 910), the second die's
-  Power ``-``;
+  Power ``-``; the die's bin is in ``npu-smi info -t board -i N -c C``
+  (``NPU Name : 9392`` beside ``Chip Name : Ascend910``: CANN's SoC
+  ``Ascend910_9392``), which :func:`a3_dies`, :func:`a3_soc` and
+  :func:`with_soc` read;
 * 310B (Atlas 200I A2): Bus-Id ``NA``;
 * Ascend 950 (npu-smi 25.6): ``NPU ID | Name | Health`` in cells of their
   own, the second row's id cells empty, Bus-Id ``NA``;
@@ -34,6 +37,7 @@ from agents.parsing import (
     Parsed,
     ParseError,
     broken_device,
+    compute_of,
     device_from,
     normalize_bus_id,
     number,
@@ -210,7 +214,7 @@ def _device(
     """One chip; the HBM it uses that its processes do not hold is the
     driver's (none when they seem to hold more than is used: a torn reading)."""
     name = block.head[0].split(maxsplit=1)[1]
-    if block.a3 and name in _BARE_910:
+    if _a3_die(block):
         name = _A3_DIE
     health = block.head[1].split()[0] if block.head[1] else "unknown"
     bus_id = "" if chip[1].upper() in _UNREPORTED else normalize_bus_id(chip[1])
@@ -259,6 +263,54 @@ def parse_kv(text: str) -> dict[str, str]:
         if sep and key.strip():
             out.setdefault(key.strip(), value.strip())
     return out
+
+
+class A3Die(NamedTuple):
+    """An A3 die of ``npu-smi info``: where ``-t board`` finds it (``-i npu -c
+    chip``) and its device index."""
+
+    npu: int
+    chip: int
+    device: int
+
+
+def a3_dies(text: str) -> list[A3Die]:
+    """The dies of an A3's ``npu-smi info`` (none for any other table)."""
+    blocks, _ = _blocks(text)
+    return [
+        A3Die(block.npu, _chip_no(chip), _chip_index(block, chip))
+        for block in blocks
+        if _a3_die(block)
+        for chip in block.chips
+    ]
+
+
+def _a3_die(block: _Block) -> bool:
+    """An A3's NPU: named as the first 910, under a ``Phy-ID`` header."""
+    name = block.head[0].split(maxsplit=1)[1:]
+    return block.a3 and bool(name) and name[0] in _BARE_910
+
+
+def a3_soc(board: dict[str, str]) -> str | None:
+    """An A3 die's SoC as CANN names its platform file, from ``npu-smi info
+    -t board -i N -c C`` (:func:`parse_kv`): ``Chip Name`` and ``NPU Name``
+    joined (``Ascend910`` and ``9392``: ``Ascend910_9392``); None when the
+    board names no NPU (an A2's has ``Chip Type`` instead)."""
+    chip, npu = board.get("Chip Name", ""), board.get("NPU Name", "")
+    if not chip or not npu.isalnum() or npu.upper() == "NA":
+        return None
+    return f"{chip}_{npu}"
+
+
+def with_soc(device: DeviceFingerprint, soc: str, *, db: ProfileDB) -> DeviceFingerprint | None:
+    """``device`` as the profile of ``soc`` (model and compute); None when
+    no profile has that name, and ``device`` itself when it is broken."""
+    profile = db.match(VENDOR, soc)
+    if profile is None:
+        return None
+    if device.error:
+        return device
+    return msgspec.structs.replace(device, model=profile.model, compute=compute_of(profile))
 
 
 def with_board(device: DeviceFingerprint, board: dict[str, str]) -> DeviceFingerprint:

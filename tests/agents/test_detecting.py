@@ -65,3 +65,54 @@ async def test_hyhal_hy_smi_is_detected_with_every_device(tmp_path, db) -> None:
     assert [(d.vendor, d.model, d.vram_total_mib) for d in found.devices] == [
         ("hygon", "BW", 65520)
     ] * 4
+
+
+def a3_npu_smi(tmp_path: Path, *, boards: str) -> tuple[str, Path]:
+    """An npu-smi that prints the A3 table for ``info`` and, for ``info -t board
+    -i N -c C``, runs ``boards`` (shell, with $5 = N), counting those calls."""
+    calls = tmp_path / "board-calls"
+    calls.write_text("")
+    body = (
+        f'[ "$2" = "-t" ] || {{ cat {FIXTURES / "npu-smi-info-a3.txt"}; exit 0; }}\n'
+        f'echo "$5 $7" >> {calls}\n'
+        f"{boards}"
+    )
+    return tool(tmp_path, "npu-smi", body), calls
+
+
+async def test_an_a3_die_is_named_by_its_bin_read_once_from_its_board(tmp_path, db) -> None:
+    board = FIXTURES / "npu-smi-info-t-board-a3.txt"
+    # NPU 0's dies are 9392s, NPU 1's 9362s
+    npu_smi, calls = a3_npu_smi(
+        tmp_path, boards=f'[ "$5" = 0 ] && cat {board} || sed s/9392/9362/ {board}'
+    )
+    detectors = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=npu_smi)]
+    for now in (1.0, 2.0):
+        found = await detecting.detect_all(detectors, node="n1", now=now)
+        assert found.events == []
+        assert [d.model for d in found.devices] == ["Ascend910_9392"] * 2 + ["Ascend910_9362"] * 2
+    top, least = db.get("huawei/Ascend910_9392"), db.get("huawei/Ascend910_9362")
+    assert [d.compute.acu_profile for d in found.devices] == [round(top.acu, 2)] * 2 + [
+        round(least.acu, 2)
+    ] * 2
+    assert sorted(calls.read_text().split("\n")[:-1]) == ["0 0", "0 1", "1 0", "1 1"]
+
+
+async def test_an_a3_die_whose_board_fails_or_names_an_unknown_bin_is_the_least_bin(
+    tmp_path, db
+) -> None:
+    npu_smi, calls = a3_npu_smi(tmp_path, boards="echo busy >&2; exit 2")
+    detectors = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=npu_smi)]
+    found = await detecting.detect_all(detectors, node="n1", now=1.0)
+    assert [d.model for d in found.devices] == ["Ascend910C-die"] * 4 and found.events == []
+    await detecting.detect_all(detectors, node="n1", now=2.0)
+    assert len(calls.read_text().split("\n")[:-1]) == 4  # not asked again before the retry
+    retrying = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=npu_smi, board_retry_s=0)]
+    await detecting.detect_all(retrying, node="n1", now=1.0)
+    await detecting.detect_all(retrying, node="n1", now=2.0)
+    assert len(calls.read_text().split("\n")[:-1]) == 4 + 8
+    board = FIXTURES / "npu-smi-info-t-board-a3.txt"
+    unknown, _ = a3_npu_smi(tmp_path, boards=f"sed s/9392/9999/ {board}")
+    detectors = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=unknown)]
+    found = await detecting.detect_all(detectors, node="n1", now=1.0)
+    assert [d.model for d in found.devices] == ["Ascend910C-die"] * 4

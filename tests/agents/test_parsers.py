@@ -94,6 +94,22 @@ def test_npu_smi_board_and_health_key_values() -> None:
     assert (status, code) == ("Warning", "80E18005")
 
 
+def test_an_a3_board_names_its_die_s_bin_and_an_a2_board_names_none(db) -> None:
+    a3 = npu_smi.parse_kv(fixture_text("npu-smi-info-t-board-a3.txt"))
+    assert npu_smi.a3_soc(a3) == "Ascend910_9392"
+    assert npu_smi.a3_soc(npu_smi.parse_kv(fixture_text("npu-smi-info-t-board-910b.txt"))) is None
+    assert npu_smi.a3_soc({**a3, "NPU Name": "NA"}) is None
+    [die, *_] = npu_smi.parse_info(fixture_text("npu-smi-info-a3.txt"), db=db).devices
+    named = npu_smi.with_soc(die, "Ascend910_9392", db=db)
+    profile = db.get("huawei/Ascend910_9392")
+    assert named is not None and named.model == "Ascend910_9392"
+    assert (
+        named.compute.tflops_fp16_profile == profile.tflops_fp16 > die.compute.tflops_fp16_profile
+    )
+    assert (named.uuid, named.vram_total_mib) == (die.uuid, die.vram_total_mib)
+    assert npu_smi.with_soc(die, "Ascend910_9999", db=db) is None  # a bin with no profile
+
+
 def test_npu_smi_on_an_a3_lists_each_die_as_a_910c_die_with_its_processes(db) -> None:
     text = fixture_text("npu-smi-info-a3.txt")
     parsed = npu_smi.parse_info(text, db=db)
@@ -102,9 +118,18 @@ def test_npu_smi_on_an_a3_lists_each_die_as_a_910c_die_with_its_processes(db) ->
         (i, "Ascend910C-die", 65536) for i in range(4)
     ]
     assert db.match("huawei", "Ascend910").model == "Ascend910A"  # the name alone says 910A
-    die, package = db.get("huawei/Ascend910C-die"), db.get("huawei/Ascend910C")
+    # until its bin is read from the board, a die is promised the least bin's compute
+    die = db.get("huawei/Ascend910C-die")
     assert parsed.devices[0].compute.tflops_fp16_profile == die.tflops_fp16
-    assert die.tflops_fp16 * 2 == pytest.approx(package.tflops_fp16)  # half a package
+    bins = [p for p in db.all() if p.model.startswith("Ascend910_93")]
+    assert len(bins) == 7 and die.tflops_fp16 == min(p.tflops_fp16 for p in bins)
+    assert [(d.npu, d.chip, d.device) for d in npu_smi.a3_dies(text)] == [
+        (0, 0, 0),
+        (0, 1, 1),
+        (1, 0, 2),
+        (1, 1, 3),
+    ]
+    assert npu_smi.a3_dies(fixture_text("npu-smi-info-910b.txt")) == []
     assert parsed.devices[1].telemetry.power_w == 0 and parsed.devices[0].telemetry.power_w == 166.4
     # npu-smi 26's processes table has a column after the memory
     assert [(p.npu, p.chip, p.device, p.memory_mib) for p in npu_smi.processes(text)] == [

@@ -87,7 +87,14 @@ CANN_CUBES = {
     "huawei/Ascend910B3": (20, 1800),
     "huawei/Ascend910B4": (20, 1500),
     "huawei/Ascend910B4-1": (20, 1500),
-    "huawei/Ascend910C-die": (24, 1850),  # Ascend910_9391 / _9392
+    "huawei/Ascend910_9391": (24, 1850),
+    "huawei/Ascend910_9392": (24, 1850),
+    "huawei/Ascend910_9381": (24, 1800),
+    "huawei/Ascend910_9382": (24, 1800),
+    "huawei/Ascend910_9372": (20, 1800),
+    "huawei/Ascend910_9362": (20, 1500),
+    "huawei/Ascend910_9363": (20, 1500),
+    "huawei/Ascend910C-die": (20, 1500),  # an A3 die of unknown bin: the least
 }
 
 
