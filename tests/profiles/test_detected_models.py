@@ -39,6 +39,8 @@ def _parsed(db: profiles.ProfileDB, tool: str, name: str) -> list:
         ("npu-smi", "910B2", "huawei/Ascend910B2"),
         ("npu-smi", "910B4", "huawei/Ascend910B4"),
         ("npu-smi", "910B4-1", "huawei/Ascend910B4-1"),
+        ("npu-smi", "Ascend950DT", "huawei/Ascend950DT"),
+        ("npu-smi", "Ascend950PR", "huawei/Ascend950PR"),
         ("cnmon", "MLU370-X8", "cambricon/MLU370-X8"),
     ],
 )
@@ -59,7 +61,6 @@ def test_a_detected_model_resolves_to_its_profile_and_its_acu(
         # hcs_bus/data/profiles.yaml): named as the tool names them, VRAM only
         ("cnmon", "MLU370-X4"),
         ("cnmon", "MLU590-M9DG"),
-        ("npu-smi", "Ascend950DT"),
     ],
 )
 def test_a_model_without_published_figures_offers_its_vram_and_no_compute(
@@ -96,18 +97,22 @@ CANN_CUBES = {
     "huawei/Ascend910_9363": (20, 1500),
     "huawei/Ascend910C-die": (20, 1500),  # an A3 die of unknown bin: the least
 }
+# the 950 (cann-dev/ files): npu-smi names no bin, so the least product bin
+CANN_950 = {"huawei/Ascend950PR": (28, 1650), "huawei/Ascend950DT": (28, 1650)}
 
 
-@pytest.mark.parametrize("key", sorted(CANN_CUBES))
+@pytest.mark.parametrize("key", sorted(CANN_CUBES | CANN_950))
 def test_an_ascend_peak_is_its_cube_cores_at_their_clock(db: profiles.ProfileDB, key: str) -> None:
-    cores, mhz = CANN_CUBES[key]
+    cores, mhz = (CANN_CUBES | CANN_950)[key]
     profile = db.get(key)
-    # each AI core a 16x16x16 cube, two operations per multiply-add; BF16 at the FP16
-    # rate, INT8 at twice it (DT_INT8=16,32,16)
+    # each AI core a 16x16x16 cube, two operations per multiply-add; BF16 at the FP16 rate
     assert profile.tflops_fp16 == pytest.approx(cores * 16**3 * 2 * mhz / 1e6, abs=0.01)
     assert profile.tflops_bf16 == profile.tflops_fp16
-    assert profile.tops_int8 == pytest.approx(2 * profile.tflops_fp16, abs=0.01)
     assert "hicann/runtime" in profile.sources["tflops_fp16"]
+    if key in CANN_CUBES:  # INT8 at twice it (DT_INT8=16,32,16); the 950's files give none
+        assert profile.tops_int8 == pytest.approx(2 * profile.tflops_fp16, abs=0.01)
+    else:
+        assert profile.tops_int8 is None
 
 
 def test_first_generation_910_parts_never_get_more_than_their_cubes(
