@@ -26,6 +26,7 @@ waits); a request no node can ever hold is refused at once.
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -56,6 +57,7 @@ class ClassStats:
     max_usable_per_node: int = 0
     max_idle_per_node: int = 0
     kth_free: list[int] = field(default_factory=list)
+    free_counts: dict[int, int] = field(default_factory=dict)  # usable devices by free MiB
     linked: bool = False
     idle_devices: int = 0  # usable devices with nothing on them, all nodes
     # outstanding pledges of this class (``scheduler.pledges``)
@@ -104,6 +106,7 @@ class ClassPart:
     usable: int
     idle: int
     frees: tuple[int, ...]  # the usable devices' free VRAM, largest first
+    free_counts: tuple[tuple[int, int], ...]  # (free VRAM, how many usable devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,7 @@ def _class_part(key: str, devices: list[DeviceView]) -> ClassPart:
         usable=len(usable),
         idle=sum(1 for d in usable if d.idle),
         frees=tuple(frees),
+        free_counts=tuple(collections.Counter(frees).items()),
     )
 
 
@@ -192,6 +196,9 @@ def _fold(classes: dict[str, ClassStats], c: ClassPart) -> None:
     stats.idle_devices += c.idle
     stats.max_usable_per_node = max(stats.max_usable_per_node, c.usable)
     stats.max_idle_per_node = max(stats.max_idle_per_node, c.idle)
+    counts = stats.free_counts
+    for value, n in c.free_counts:
+        counts[value] = counts.get(value, 0) + n
     kth = stats.kth_free
     for k, value in enumerate(c.frees):
         if k == len(kth):
@@ -304,7 +311,8 @@ def _waste(committed: float, shares: dict[str, float]) -> float:
 
 def has_room(stats: ClassStats, sizing: Sizing) -> bool:
     """Some single node has room for the pod now, and the class as a whole
-    once its outstanding pledges are placed."""
+    once its outstanding pledges are placed, slices counted as they pack
+    (:func:`scheduler.pledges.slices_fit`)."""
     idle, free = pledges.room_left(
         idle_devices=stats.idle_devices,
         free_mib=stats.free_mib,
@@ -316,7 +324,15 @@ def has_room(stats: ClassStats, sizing: Sizing) -> bool:
     n = sizing.devices
     if free < n * sizing.vram_mib_per_device:
         return False
-    return len(stats.kth_free) >= n and stats.kth_free[n - 1] >= sizing.vram_mib_per_device
+    if not (len(stats.kth_free) >= n and stats.kth_free[n - 1] >= sizing.vram_mib_per_device):
+        return False
+    return pledges.slices_fit(
+        stats.free_counts,
+        device_mib=stats.vram_mib,
+        size_mib=sizing.vram_mib_per_device,
+        devices=n,
+        pledged=stats.pledged,
+    )
 
 
 # ------------------------------------------------------------------ plans --

@@ -105,6 +105,8 @@ class Held:
     vram_mib: int = 0  # all VRAM
     acu: float = 0.0
     devices: int = 0
+    # slice pledges by their size on each device: (MiB, devices), sorted by size
+    slices: tuple[tuple[int, int], ...] = ()
 
     def add(self, other: Held) -> Held:
         return Held(
@@ -113,16 +115,32 @@ class Held:
             vram_mib=self.vram_mib + other.vram_mib,
             acu=self.acu + other.acu,
             devices=self.devices + other.devices,
+            slices=_merged(self.slices, other.slices),
         )
 
     def plus(self, p: Pledge) -> Held:
+        more = () if p.whole_device else ((p.vram_mib_per_device, p.devices),)
         return Held(
             whole_devices=self.whole_devices + (p.devices if p.whole_device else 0),
             slice_mib=self.slice_mib + (0 if p.whole_device else p.vram_mib),
             vram_mib=self.vram_mib + p.vram_mib,
             acu=self.acu + p.acu,
             devices=self.devices + p.devices,
+            slices=_merged(self.slices, more),
         )
+
+
+def _merged(
+    a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, int], ...]:
+    if not b:
+        return a
+    if not a:
+        return b
+    counts = dict(a)
+    for size, devices in b:
+        counts[size] = counts.get(size, 0) + devices
+    return tuple(sorted(counts.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +200,30 @@ def per_class(pledges: Iterable[Pledge]) -> dict[str, Held]:
     for p in pledges:
         out[p.key] = out.get(p.key, Held()).plus(p)
     return out
+
+
+def packed_share(size_mib: int, device_mib: int) -> float:
+    """The share of a device of ``device_mib`` that a slice of ``size_mib``
+    takes once slices of its size are packed on it: 1 / how many fit (a 16 GiB
+    slice on a 24 GiB device takes it all; on an 80 GiB one, a fifth)."""
+    if device_mib <= 0 or size_mib <= 0:
+        return 1.0
+    return 1.0 / max(1, device_mib // size_mib)
+
+
+def slices_fit(
+    free_counts: dict[int, int], *, device_mib: int, size_mib: int, devices: int, pledged: Held
+) -> bool:
+    """Whether ``devices`` more slices of ``size_mib`` fit a class's free VRAM
+    (``free_counts``: devices by their free MiB) once its slice pledges are
+    placed, counting what packing wastes: room and pledges in shares of a
+    device (:func:`packed_share`), so four pledged 16 GiB slices take four
+    24 GiB devices, not 64 GiB of their 96. Exact for one size; for mixed
+    sizes each is counted as if packed with its own kind."""
+    share = packed_share(size_mib, device_mib)
+    room = sum(count * (free // size_mib) for free, count in free_counts.items()) * share
+    held = sum(n * packed_share(size, device_mib) for size, n in pledged.slices)
+    return held + devices * share <= room + 1e-9
 
 
 def room_left(*, idle_devices: int, free_mib: int, vram_mib: int, pledged: Held) -> tuple[int, int]:

@@ -55,6 +55,7 @@ def _stats(key: str, *, free_per_device_mib: list[int]) -> ClassStats:
         max_usable_per_node=len(free_per_device_mib),
         max_idle_per_node=idle,
         kth_free=sorted(free_per_device_mib, reverse=True),
+        free_counts=dict(collections.Counter(free_per_device_mib)),
         idle_devices=idle,
     )
 

@@ -251,3 +251,84 @@ def test_pledge_documents_never_look_like_node_keys() -> None:
     assert own == "pledges=ml-team=0a1b" and "." not in own
     assert pledges.parse_key(own) == ("ml-team", "0a1b")
     assert pledges.parse_key(key) == ("ml-team", "")
+
+
+MLU = "cambricon/MLU370-X8"  # 24 GiB a device: one 16 GiB slice each, not one and a half
+
+
+def _pinned(vendor: str, vram_mib: int) -> PlanRequest:
+    return PlanRequest(
+        namespace="ml", requests=Requests(vram_mib=vram_mib), policy=Policy(vendors=(vendor,))
+    )
+
+
+def test_slices_pledged_to_a_class_count_what_packing_wastes() -> None:
+    # 8 devices of 24 GiB hold 8 slices of 16 GiB (their 192 GiB would hold 12)
+    summary = _summary(node_fp("mlu-1", MLU, count=8))
+    device_mib = summary.classes[MLU].vram_mib
+    assert device_mib // 16384 == 1 and 8 * device_mib // 16384 == 12
+    doc = NamespacePledges(namespace="ml")
+    made = 0
+    for i in range(14):
+        request = _pinned("cambricon", 16384)
+        plan = planning.plan(
+            request, summary=_charge(summary, {"ml": doc}), profiles=DB, quota=None
+        )
+        if "no node has room now" in plan.reason:
+            break
+        doc = pledges.with_pledge(doc, _made(plan, i), namespace="ml")
+        made += 1
+    assert made == 8, made
+
+
+def test_a_burst_of_slices_spreads_once_the_packed_class_is_full() -> None:
+    summary = _summary(node_fp("mlu-1", MLU, count=8), node_fp("a100-1", A100, count=8))
+    doc = NamespacePledges(namespace="ml")
+    models = []
+    for i in range(20):
+        plan = _plan(Requests(vram_mib=16384), _charge(summary, {"ml": doc}))
+        assert plan.ok, plan.reason  # type: ignore[attr-defined]
+        models.append(plan.model)  # type: ignore[attr-defined]
+        doc = pledges.with_pledge(doc, _made(plan, i), namespace="ml")
+    assert models.count("MLU370-X8") <= 8
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    size=st.integers(min_value=1024, max_value=24576),
+    devices=st.integers(min_value=1, max_value=8),
+    asks=st.integers(min_value=1, max_value=40),
+)
+def test_pledged_slices_of_one_size_always_pack_and_fill_the_class(
+    size: int, devices: int, asks: int
+) -> None:
+    summary = _summary(node_fp("mlu-1", MLU, count=devices))
+    stats = summary.classes[MLU]
+    per_device = stats.vram_mib // size
+    held = pledges.Held()
+    made = 0
+    for _ in range(asks):
+        charged = replace_pledged(stats, held)
+        sizing = planning.Sizing(1, size, False, 0.0, 0.0, "")
+        if not planning.has_room(charged, sizing):
+            break
+        held = held.plus(_pledge(made, vram=size, whole=False, vendor="cambricon", model="x"))
+        made += 1
+    assert made == min(asks, devices * per_device)
+
+
+def replace_pledged(stats: planning.ClassStats, held: pledges.Held) -> planning.ClassStats:
+    import dataclasses
+
+    return dataclasses.replace(stats, pledged=held)
+
+
+def test_the_slices_pledged_are_kept_by_size_and_merged() -> None:
+    a = pledges.Held().plus(_pledge(1, vram=16384, whole=False))
+    b = (
+        pledges.Held()
+        .plus(_pledge(2, vram=8192, whole=False, devices=2))
+        .plus(_pledge(3, vram=16384, whole=False))
+    )
+    assert a.add(b).slices == ((8192, 2), (16384, 2))
+    assert pledges.Held().plus(_pledge(4)).slices == ()  # a whole device is no slice
