@@ -42,6 +42,10 @@ def _parsed(db: profiles.ProfileDB, tool: str, name: str) -> list:
         ("npu-smi", "Ascend950DT", "huawei/Ascend950DT"),
         ("npu-smi", "Ascend950PR", "huawei/Ascend950PR"),
         ("cnmon", "MLU370-X8", "cambricon/MLU370-X8"),
+        ("cnmon", "MLU370-X4", "cambricon/MLU370-X4"),
+        ("cnmon", "MLU370-S4", "cambricon/MLU370-S4"),
+        ("cnmon", "MLU590-M9", "cambricon/MLU590"),
+        ("cnmon", "MLU590-H8", "cambricon/MLU590-H8"),
     ],
 )
 def test_a_detected_model_resolves_to_its_profile_and_its_acu(
@@ -59,7 +63,6 @@ def test_a_detected_model_resolves_to_its_profile_and_its_acu(
     [
         # no public primary figure for their compute (see the fixtures' README and
         # hcs_bus/data/profiles.yaml): named as the tool names them, VRAM only
-        ("cnmon", "MLU370-X4"),
         ("cnmon", "MLU590-M9DG"),
     ],
 )
@@ -128,3 +131,35 @@ def test_first_generation_910_parts_never_get_more_than_their_cubes(
         profile = db.match("huawei", name)
         assert profile is not None and profile.model == "Ascend910A", name
         assert profile.tflops_fp16 <= cores * 16**3 * 2 * mhz / 1e6, name
+
+
+# (clusters of 4 MLU cores, FP16 multiply-adds per core and cycle, clock GHz) from
+# Cambricon's driver tables (attr/cndrv_attr_mlu*.c, mcu/cndrv_mcu_info.c)
+CAMBRICON_CORES = {
+    "cambricon/MLU370-X4": (8, 1536, 1.0),
+    "cambricon/MLU370-S4": (6, 1536, 1.0),
+    "cambricon/MLU590": (12, 2048, 1.6),
+    "cambricon/MLU590-H8": (12, 2048, 1.5),
+}
+
+
+@pytest.mark.parametrize("key", sorted(CAMBRICON_CORES))
+def test_a_cambricon_peak_is_its_cores_at_their_clock(db: profiles.ProfileDB, key: str) -> None:
+    clusters, macs, ghz = CAMBRICON_CORES[key]
+    profile = db.get(key)
+    assert profile.tflops_fp16 == pytest.approx(clusters * 4 * macs * 2 * ghz / 1e3, abs=0.01)
+    assert profile.tflops_bf16 == profile.tflops_fp16
+    # INT8: 4096 multiply-adds a core on both generations; FP32 a quarter of FP16's
+    assert profile.tops_int8 == pytest.approx(clusters * 4 * 4096 * 2 * ghz / 1e3, abs=0.01)
+    assert profile.tflops_fp32 == pytest.approx(profile.tflops_fp16 / 4, abs=0.01)
+    assert "cambricon-mlu-driver" in profile.sources["tflops_fp16"]
+
+
+def test_an_mlu370_x8_device_is_one_chip_half_the_card(db: profiles.ProfileDB) -> None:
+    # cnmon lists each of an X8 card's two chips (23,374 MiB each): a device is promised
+    # half the card's 96 TFLOPS FP16 and 48 GB, never the whole card
+    [device, *_] = cnmon.parse_table(fixture_text("cnmon-mlu370-x8.txt"), db=db).devices
+    x8 = db.get("cambricon/MLU370-X8")
+    assert device.model == "MLU370-X8" and device.vram_total_mib <= x8.vram_mib == 24 * 1024
+    assert (x8.tflops_fp16, x8.tops_int8) == (96 / 2, 256 / 2)
+    assert x8.tflops_fp16 <= 4 * 4 * 1536 * 2 * 1.0 / 1e3  # 4 clusters at 1.0 GHz
