@@ -103,9 +103,9 @@ def npu_smi_detector(
     async def detect() -> Parsed:
         text = await run_tool([tool, "info"], timeout_s=timeout_s)
         parsed = npu_smi.parse_info(text, db=db)
+        if not any(d.model == npu_smi.A3_DIE for d in parsed.devices):
+            return parsed  # no A3 here: its table is not read a second time
         dies = {die.device: die for die in npu_smi.a3_dies(text)}
-        if not dies:
-            return parsed
         devices, notes = list(parsed.devices), list(parsed.notes)
         for i, device in enumerate(devices):
             die = dies.get(device.index)

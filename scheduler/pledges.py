@@ -101,17 +101,20 @@ class Held:
     """What outstanding pledges hold: per pod, per class or per namespace."""
 
     whole_devices: int = 0  # devices of whole-device pledges
-    slice_mib: int = 0  # VRAM of slice pledges
     vram_mib: int = 0  # all VRAM
     acu: float = 0.0
     devices: int = 0
     # slice pledges by their size on each device: (MiB, devices), sorted by size
     slices: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def slice_mib(self) -> int:
+        """VRAM of slice pledges."""
+        return sum(size * devices for size, devices in self.slices)
+
     def add(self, other: Held) -> Held:
         return Held(
             whole_devices=self.whole_devices + other.whole_devices,
-            slice_mib=self.slice_mib + other.slice_mib,
             vram_mib=self.vram_mib + other.vram_mib,
             acu=self.acu + other.acu,
             devices=self.devices + other.devices,
@@ -122,7 +125,6 @@ class Held:
         more = () if p.whole_device else ((p.vram_mib_per_device, p.devices),)
         return Held(
             whole_devices=self.whole_devices + (p.devices if p.whole_device else 0),
-            slice_mib=self.slice_mib + (0 if p.whole_device else p.vram_mib),
             vram_mib=self.vram_mib + p.vram_mib,
             acu=self.acu + p.acu,
             devices=self.devices + p.devices,
@@ -218,11 +220,14 @@ def slices_fit(
     (``free_counts``: devices by their free MiB) once its slice pledges are
     placed, counting what packing wastes: room and pledges in shares of a
     device (:func:`packed_share`), so four pledged 16 GiB slices take four
-    24 GiB devices, not 64 GiB of their 96. Exact for one size; for mixed
-    sizes each is counted as if packed with its own kind."""
+    24 GiB devices, not 64 GiB of their 96; a whole-device pledge takes a
+    whole device. Exact for one size; for mixed sizes each is counted as if
+    packed with its own kind."""
     share = packed_share(size_mib, device_mib)
     room = sum(count * (free // size_mib) for free, count in free_counts.items()) * share
-    held = sum(n * packed_share(size, device_mib) for size, n in pledged.slices)
+    held = pledged.whole_devices + sum(
+        n * packed_share(size, device_mib) for size, n in pledged.slices
+    )
     return held + devices * share <= room + 1e-9
 
 

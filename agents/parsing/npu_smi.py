@@ -51,7 +51,7 @@ _PAIR = re.compile(r"(?<![\w.])(\d+)\s*/\s*(\d+)(?![\w.])")
 HEALTH_SCORES = {"ok": 100, "warning": 70, "alarm": 40, "critical": 0}
 _UNREPORTED = ("NA", "-")  # "-": the Power of an A3 package's second die
 # npu-smi names an A3 die as it named the first 910; the Phy-ID column tells them apart
-_A3_DIE = "Ascend910C-die"
+A3_DIE = "Ascend910C-die"
 _BARE_910 = ("Ascend910", "910")
 
 
@@ -215,7 +215,7 @@ def _device(
     driver's (none when they seem to hold more than is used: a torn reading)."""
     name = block.head[0].split(maxsplit=1)[1]
     if _a3_die(block):
-        name = _A3_DIE
+        name = A3_DIE
     health = block.head[1].split()[0] if block.head[1] else "unknown"
     bus_id = "" if chip[1].upper() in _UNREPORTED else normalize_bus_id(chip[1])
     chip_no = _chip_no(chip)
@@ -304,12 +304,10 @@ def a3_soc(board: dict[str, str]) -> str | None:
 
 def with_soc(device: DeviceFingerprint, soc: str, *, db: ProfileDB) -> DeviceFingerprint | None:
     """``device`` as the profile of ``soc`` (model and compute); None when
-    no profile has that name, and ``device`` itself when it is broken."""
+    no profile has that name."""
     profile = db.match(VENDOR, soc)
     if profile is None:
         return None
-    if device.error:
-        return device
     return msgspec.structs.replace(device, model=profile.model, compute=compute_of(profile))
 
 

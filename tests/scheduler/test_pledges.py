@@ -332,3 +332,20 @@ def test_the_slices_pledged_are_kept_by_size_and_merged() -> None:
     )
     assert a.add(b).slices == ((8192, 2), (16384, 2))
     assert pledges.Held().plus(_pledge(4)).slices == ()  # a whole device is no slice
+
+
+def test_whole_device_pledges_leave_slices_only_the_devices_they_do_not_take() -> None:
+    # 8 devices of 24 GiB: 4 pledged whole and 4 pledged 16 GiB slices leave none;
+    # their MiB (96 + 64 of 192) would still show 32 GiB free
+    stats = _summary(node_fp("mlu-1", MLU, count=8)).classes[MLU]
+    held = pledges.Held()
+    for i in range(4):
+        held = held.plus(_pledge(i, vram=stats.vram_mib, whole=True))
+        held = held.plus(_pledge(10 + i, vram=16384, whole=False))
+    assert held.slice_mib == 4 * 16384
+    sizing = planning.Sizing(1, 16384, False, 0.0, 0.0, "")
+    assert not planning.has_room(replace_pledged(stats, held), sizing)
+    fewer = pledges.Held().plus(_pledge(0, vram=stats.vram_mib, whole=True))
+    for i in range(6):
+        fewer = fewer.plus(_pledge(10 + i, vram=16384, whole=False))
+    assert planning.has_room(replace_pledged(stats, fewer), sizing)  # 7 of 8 taken
