@@ -4,7 +4,7 @@
 #   docker build --target scheduler -t ghcr.io/hcs-project/hcs-scheduler:0.1.0 .
 #   docker build --target injector  -t ghcr.io/hcs-project/hcs-injector:0.1.0 .
 #   docker build --target healer    -t ghcr.io/hcs-project/hcs-healer:0.1.0 .
-# The scheduler image also runs the ComputeNode mirror (python -m scheduler.mirroring)
+# The scheduler image also runs the ComputeNode mirror (python -m scheduler.report.computenode_loop)
 # and the NATS auth renderer (python -m hcs_bus.permissions render).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

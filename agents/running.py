@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents import measuring, nvml, probing
-from agents.backstop import run_backstop
+from agents.backstopping import run_backstop
 from agents.changes import health_changes
 from agents.detecting import choose, detect_all
 from agents.fleet import Fleet

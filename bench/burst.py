@@ -86,9 +86,9 @@ from bench.mixes import Kind
 from hcs_bus import profiles, vocabulary
 from hcs_bus.settings import SchedulerSettings, TelemetrySettings
 from hcs_bus.telemetry import configure
-from scheduler import planning
-from scheduler.viewing import ClusterView
-from scheduler.watching import node_block, on_node_event
+from scheduler.ledger.release_loop import node_block, on_node_event
+from scheduler.plan import rules as planning
+from scheduler.view.follow_loop import ClusterView
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.cluster import Cluster, find_binaries
 from tests.e2e.stack import Stack

@@ -40,9 +40,9 @@ from hcs_bus.messages import (
 from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.settings import BusSettings, Settings, replace
 from hcs_bus.telemetry import TelemetrySettings, configure
-from scheduler import planning
-from scheduler.pods import PlanAnnotation, PodInfo
-from scheduler.running import Scheduler, run
+from scheduler.plan import rules as planning
+from scheduler.plan.pods import PlanAnnotation, PodInfo
+from scheduler.replica import Scheduler, run
 
 SLICE = {
     "vendor": "nvidia",

@@ -9,7 +9,7 @@ and the load at rest (no pod) taken off. Shapes:
 * plain: ``bench.burst``'s plain pod, the baseline;
 * one per vendor profile of ``injector/data/runtimes.yaml``: the pod the
   injector makes of a 16Gi VRAM pod planned onto that vendor, by
-  ``injector.mutating.mutate`` itself (volumes, env, RuntimeClass), less
+  ``injector.mutations.mutate`` itself (volumes, env, RuntimeClass), less
   what only admission or scheduling reads (the compute requests and the
   node affinity: the hollow nodes advertise no devices and carry no labels);
 * the first vendor with the ledger in a memory emptyDir, as every pod had it
@@ -38,7 +38,10 @@ import msgspec
 
 from bench.burst import burst_pod, cpu_s
 from bench.mixes import Kind
-from injector import demands, mutating, rebinding, runtimes
+from hcs_bus import demands
+from injector import mutations as mutating
+from injector import rebinds as rebinding
+from injector import runtimes
 from injector.plans import PlanNote, encode
 from tests.e2e.api import wait_for
 from tests.e2e.cluster import Cluster, find_binaries

@@ -5,7 +5,7 @@ fingerprints, plus health events at 1 per node per second for 10 s = 100k,
 plus a reservations document per node in KV ``hcs_alloc``),
 then measures, each in its own subprocess (so peak RSS does not mix):
 
-* the ClusterView (scheduler/viewing.py on hcs_bus.bus.Follower: ordered
+* the ClusterView (scheduler/view/follow_loop.py on hcs_bus.bus.Follower: ordered
   push consumers, no acks) replaying both streams until every message is
   applied, and its time to ready (the ledger listed and replayed too: a
   view ready with fewer reservations than stored fails the run);
@@ -136,7 +136,7 @@ def peak_rss_mb() -> float:
 
 
 async def role_view(url: str, total: int) -> dict[str, Any]:
-    from scheduler.viewing import ClusterView
+    from scheduler.view.follow_loop import ClusterView
 
     configure(TelemetrySettings(log_level="error"), service="bench")
     bus = await connect(BusSettings(url=url, name="bench-view"))

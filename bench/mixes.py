@@ -6,7 +6,7 @@ slices of three sizes, FP16 TFLOPS, ACU, a whole device, and pods pinned to a
 vendor (``hcs.io/vendors``) or a model (``hcs.io/models``, substitution off).
 Every 20 consecutive pods hold each kind by its share, in a seeded order.
 
-Sizing is the planner's own (``scheduler.planning.size`` and ``has_room``),
+Sizing is the planner's own (``scheduler.plan.rules.size`` and ``has_room``),
 so the offline fit and the end-of-burst room check count a pod as the
 extender would: a slice needs one device with that much VRAM free, ``n``
 whole devices need ``n`` idle devices on one node.
@@ -24,7 +24,7 @@ from typing import Any
 from hcs_bus import demands, vocabulary
 from hcs_bus.messages import Policy
 from hcs_bus.profiles import ProfileDB
-from scheduler.planning import ClassStats, Sizing, Summary, has_room, named, size
+from scheduler.plan.rules import ClassStats, Sizing, Summary, has_room, named, size
 
 BLOCK = 20  # pods per block; every share is a multiple of 100 / BLOCK %
 

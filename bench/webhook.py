@@ -185,8 +185,8 @@ def make_planner(nodes: int) -> tuple[str, Any]:
     )
     try:
         from hcs_bus import profiles
-        from scheduler import planning
-        from scheduler.state import ClusterState
+        from scheduler.plan import rules as planning
+        from scheduler.view.state import ClusterState
     except ImportError as exc:
         return f"fixed Plan (scheduler planner not importable: {exc})", lambda _r: fixed
     state = ClusterState()
@@ -198,7 +198,7 @@ def make_planner(nodes: int) -> tuple[str, Any]:
     def plan(request: PlanRequest) -> Plan:
         return planning.plan(request, summary=summary, profiles=db)
 
-    return f"scheduler.planning.plan over {len(state.nodes)} nodes (summary cached)", plan
+    return f"scheduler.plan.rules.plan over {len(state.nodes)} nodes (summary cached)", plan
 
 
 def _quiet() -> None:

@@ -47,7 +47,7 @@ from hcs_bus.messages import HealthEvent
 from hcs_bus.redacting import redact_url
 from hcs_bus.settings import Settings, load, replace
 from hcs_bus.telemetry import configure, logger
-from scheduler.viewing import ClusterView
+from scheduler.view.follow_loop import ClusterView
 
 DEFAULT_FLEET = Path("deploy/examples/fleet.yaml")
 CONNECT_TIMEOUT_S = 3.0
@@ -397,7 +397,8 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _check(bus: Bus, settings: Settings, *, settle_s: float) -> int:
     from hcs_bus import kube as kube_mod
-    from scheduler import checking, pledgecheck
+    from scheduler.ledger import audit_store as checking
+    from scheduler.ledger import pledge_audit_rules as pledgecheck
 
     kube = await kube_mod.connect(settings.kube)
     if kube is None:
@@ -524,7 +525,7 @@ async def _print_progress(
 async def _checkpoints(bus: Bus, state: Any) -> dict[str, messages.CheckpointEvent]:
     """The latest checkpoint of every job that holds devices (KV ``hcs_ckpt``)."""
     from hcs_bus import checkpoint
-    from scheduler.panels import job_keys
+    from scheduler.console.panels import job_keys
 
     found: dict[str, messages.CheckpointEvent] = {}
     for namespace, job in job_keys(state):

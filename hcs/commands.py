@@ -126,7 +126,7 @@ def plan_request(args: argparse.Namespace) -> messages.PlanRequest:
 
 
 async def place(bus: Bus, request: messages.PlanRequest, *, timeout_s: float) -> int:
-    from scheduler.serving import ask_plan
+    from scheduler.plan.service import ask_plan
 
     try:
         plan = await ask_plan(bus, request, timeout_s=timeout_s)

@@ -48,7 +48,7 @@ from hcs_bus.messages import (
 )
 from hcs_bus.telemetry import logger
 from hcs_bus.units import quantity_mib
-from scheduler.state import ClusterState
+from scheduler.view.state import ClusterState
 
 _log = logger("hcs.demo")
 NAMESPACE = "demo"

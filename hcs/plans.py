@@ -11,7 +11,7 @@ from __future__ import annotations
 from msgspec import structs
 
 from hcs_bus.messages import Plan
-from scheduler.explaining import render_plan
+from scheduler.plan.explanations import render_plan
 
 
 def render(plan: Plan) -> str:

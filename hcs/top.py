@@ -10,7 +10,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 from hcs_bus.messages import CheckpointEvent, HealthEvent
-from scheduler.state import ClusterState, NodeView, fleet_totals, free_for_work
+from scheduler.view.state import ClusterState, NodeView, fleet_totals, free_for_work
 
 
 def summarise(

@@ -31,7 +31,7 @@ from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.redacting import redact_url
 from hcs_bus.settings import Settings, replace
 from hcs_bus.telemetry import logger
-from scheduler.viewing import ClusterView
+from scheduler.view.follow_loop import ClusterView
 
 _log = logger("hcs.up")
 

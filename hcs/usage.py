@@ -1,6 +1,6 @@
 """``hcs usage [--namespace N] [--since 24h] [--json]``: replays ``HCS_ALLOC``
 itself (no running service needed) and prints device-, ACU- and
-VRAM-GiB-hours per namespace and model over the window (``scheduler.metering``
+VRAM-GiB-hours per namespace and model over the window (``scheduler.report.usage_rules``
 does the sums; allocations still held count up to now)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hcs_bus import streams, subjects
 from hcs_bus.bus import Bus, Delivery, Follower
 from hcs_bus.errors import BusTimeout
 from hcs_bus.messages import AllocationEvent
-from scheduler import metering
-from scheduler.metering import Lifetimes
+from scheduler.report import usage_rules as metering
+from scheduler.report.usage_rules import Lifetimes
 
 REPLAY_TIMEOUT_S = 30.0
 HEADERS = ("NAMESPACE", "MODEL", "DEVICE-H", "ACU-H", "VRAM-GiB-H", "HELD")

@@ -302,7 +302,7 @@ class CheckpointRequest(_Frozen, frozen=True, tag="checkpoint_request", tag_fiel
 class UsageAlert(_Frozen, frozen=True, tag="usage_alert", tag_field="type"):
     """A namespace holds at least ``threshold`` of its ComputeQuota (VRAM or
     ACU, whichever is tighter): core subject ``hcs.usage.<namespace>``, once
-    per crossing (the metering service, ``scheduler.metered``)."""
+    per crossing (the metering service, ``scheduler.report.usage_service``)."""
 
     namespace: str
     resource: str

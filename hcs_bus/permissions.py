@@ -19,8 +19,8 @@ so a renamed subject renames its permission. What each part may do:
   (a token no agent may publish; NATS has no partial-token wildcard, so the
   allow is ``hcs.health.*``) and ``hcs.ckpt.request.>``, read KV ``hcs_ckpt``,
   ``streams.init``.
-* mirror (``scheduler.mirroring``): replay/consume ``HCS_FP``, ``HCS_HEALTH``;
-  its metering (``scheduler.metered``) follows ``HCS_ALLOC`` and publishes
+* mirror (``scheduler.report.computenode_loop``): replay/consume ``HCS_FP``, ``HCS_HEALTH``;
+  its metering (``scheduler.report.usage_service``) follows ``HCS_ALLOC`` and publishes
   usage alerts on ``hcs.usage.*``.
 * sidecar (checkpoint reporter in training pods): one user per namespace,
   ``sidecar:<ns>`` (``sidecar_user``): put and read only KV ``hcs_ckpt`` keys

@@ -83,7 +83,7 @@ class AgentSettings(_Group, frozen=True, forbid_unknown_fields=True):
     # (a device that slows down in service); 0: once per agent start
     remeasure_interval_s: float = 21_600.0
     fleet_file: str | None = None
-    # node-side VRAM backstop (agents/backstop.py): per-process device memory
+    # node-side VRAM backstop (agents/backstopping.py): per-process device memory
     # against each pod's hcs.io/vram-quota; "off" disables it
     vram_backstop_action: Literal["off", "report", "evict", "kill"] = "report"
     vram_backstop_interval_s: float = 10.0

@@ -105,7 +105,7 @@ class Kind(enum.StrEnum):
     THERMAL_THROTTLE_CLEARED = "thermal_throttle_cleared"
     HEALTH_DEGRADED = "health_degraded"
     RECOVERED = "recovered"
-    # the agent itself (agents.detecting, agents.backstop)
+    # the agent itself (agents.detecting, agents.backstopping)
     DETECTOR_ERROR = "detector_error"
     DETECTOR_RECOVERED = "detector_recovered"
     VRAM_OVER_QUOTA = "vram_over_quota"

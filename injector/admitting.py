@@ -19,24 +19,17 @@ from typing import Any
 
 import msgspec
 
-from hcs_bus import vocabulary
+from hcs_bus import demands, vocabulary
+from hcs_bus.demands import Demand, DemandError
 from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import InjectorSettings
 from hcs_bus.telemetry import current_traceparent, logger, span
-from injector import (
-    demands,
-    fitting,
-    guarding,
-    mutating,
-    originals,
-    plans,
-    rebinding,
-    reviews,
-)
-from injector.demands import Demand, PodError
+from injector import fitting, guarding, originals, plans, reviews
+from injector import mutations as mutating
+from injector import rebinds as rebinding
 from injector.guarding import PLAN
-from injector.mutating import Context
+from injector.mutations import Context
 from injector.reviews import Answer, BadReview, Request
 
 Planner = Callable[[PlanRequest, float], Awaitable[Plan]]
@@ -68,7 +61,7 @@ class Admitter:
             attributes = {"hcs.operation": request.operation, "hcs.namespace": request.namespace}
             with span("hcs.admission", attributes=attributes):
                 return await self._route(request, budget_s=budget_s)
-        except PodError as exc:
+        except DemandError as exc:
             _log.info("admission_refused", uid=request.uid, error=str(exc))
             return reviews.deny(request.uid, str(exc), code=400)
         except Exception as exc:  # never a 500: an answer per failure policy
@@ -283,15 +276,15 @@ def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
     try:
         pod = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
-        raise PodError(f"request.{what} is not JSON: {exc}") from exc
+        raise DemandError(f"request.{what} is not JSON: {exc}") from exc
     except (ValueError, RecursionError) as exc:  # invalid UTF-8, deep nesting
-        raise PodError(f"request.{what} is not JSON: {exc!r:.200}") from exc
+        raise DemandError(f"request.{what} is not JSON: {exc!r:.200}") from exc
     if pod is None:
         return {}
     if not isinstance(pod, dict):
-        raise PodError(f"request.{what} is not a Pod object")
+        raise DemandError(f"request.{what} is not a Pod object")
     if not isinstance(pod.get("metadata", {}), dict):
-        raise PodError(f"request.{what}.metadata is not an object")
+        raise DemandError(f"request.{what}.metadata is not an object")
     return pod
 
 

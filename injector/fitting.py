@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from injector.demands import UNITS, Demand, show
+from hcs_bus.demands import UNITS, Demand, show
 
 
 def refusal(demand: Demand, *, node_capacity: Mapping[str, int], where: str) -> str | None:

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from hcs_bus.demands import Demand
 from hcs_bus.messages import Plan
-from injector.demands import Demand
 from injector.guarding import PLAN, PLAN_SIG, PLEDGE
 
 

@@ -24,9 +24,10 @@ from hcs_bus.errors import ConfigError
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import Settings
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text, zero_init
-from injector import rebinding, runtimes
+from injector import rebinds as rebinding
+from injector import runtimes
 from injector.admitting import Admitter, Planner
-from injector.mutating import Context
+from injector.mutations import Context
 from injector.reviews import Answer
 from injector.tls import ReloadingTls
 

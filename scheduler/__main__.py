@@ -8,7 +8,7 @@ from hcs_bus import settings as settings_mod
 from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.telemetry import configure
-from scheduler.running import run
+from scheduler.replica import run
 
 
 async def main() -> None:

@@ -38,7 +38,7 @@ from hcs_bus.messages import (
 from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.settings import BusSettings, HealerSettings, SchedulerSettings
 from healer.healing import Healer
-from scheduler.viewing import ClusterView
+from scheduler.view.follow_loop import ClusterView
 from tests.healer.conftest import device
 
 NODES = ["chaos-a", "chaos-b", "chaos-c"]

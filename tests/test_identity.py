@@ -73,7 +73,7 @@ def test_fingerprints_go_forward_by_seq_and_by_new_boots_never_back() -> None:
 
 def test_a_sidecar_uses_its_namespaces_inbox_unless_one_is_configured() -> None:
     from hcs_bus.settings import Settings, replace
-    from healer.sidecar import own_inbox
+    from healer.checkpointing import own_inbox
 
     assert own_inbox(Settings(), namespace="ml").bus.inbox_prefix == "_INBOX_SIDECAR_ML"
     chosen = replace(Settings(), bus={"inbox_prefix": "_INBOX_X"})

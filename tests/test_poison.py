@@ -19,7 +19,7 @@ from hcs_bus.messages import HealthEvent, NodeFingerprint
 from hcs_bus.settings import SchedulerSettings
 from hcs_bus.streams import DLQ, HEALTH
 from hcs_bus.telemetry import metrics_text
-from scheduler.viewing import ClusterView
+from scheduler.view.follow_loop import ClusterView
 
 GOOD = {
     "type": "health_event",

@@ -108,7 +108,8 @@ def test_duration_histograms_are_in_seconds_with_second_scale_buckets() -> None:
         from hcs_bus.settings import TelemetrySettings
         from hcs_bus.telemetry import configure, metrics_text
         from injector import serving
-        from scheduler import booking, serving as plans
+        from scheduler.ledger import reservation_store as booking
+        from scheduler.plan import service as plans
         from healer import healing
         configure(TelemetrySettings(log_level="error"))
         for histogram in (serving.LATENCY, plans.PLAN_SECONDS, booking.BIND_SECONDS,

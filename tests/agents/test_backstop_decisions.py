@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.backstop import tool_reader
+from agents.backstopping import tool_reader
 from agents.overquota import (
     Evict,
     Kill,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.backstop import Backstop
+from agents.backstopping import Backstop
 from agents.overquota import Action, ProcessUsage, usages_from_records
 from hcs_bus.kube import Kube
 from hcs_bus.messages import HealthEvent

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agents import benchmark, nvml
-from agents.backstop import nvml_processes
+from agents.backstopping import nvml_processes
 from agents.parsing import nvml_readings
 from agents.running import run_node
 from hcs_bus import subjects

@@ -9,7 +9,7 @@ import json
 from bench import mixes
 from bench.mixes import Kind
 from hcs_bus import profiles, vocabulary
-from scheduler.planning import ClassStats, Summary
+from scheduler.plan.rules import ClassStats, Summary
 
 FIVE = (
     "nvidia/A100-80G",

@@ -11,8 +11,8 @@ import pytest
 from hcs_bus import profiles, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import Plan, PlanRequest
-from scheduler.serving import Planner
-from scheduler.state import ClusterState
+from scheduler.plan.service import Planner
+from scheduler.view.state import ClusterState
 from tests.cli.running import CEILING_S, Done, hcs
 from tests.view.factories import fingerprint
 

@@ -18,7 +18,7 @@ from hcs_bus.bus import Bus
 from hcs_bus.errors import BusTimeout
 from hcs_bus.messages import CheckpointEvent, HealthEvent, NodeFingerprint
 from hcs_bus.settings import SchedulerSettings
-from scheduler.viewing import ClusterView
+from scheduler.view.follow_loop import ClusterView
 from tests.deploy.conftest import NODES, Connector
 from tests.deploy.test_nats_permissions import violations, wait_for
 

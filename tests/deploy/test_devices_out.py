@@ -11,8 +11,8 @@ from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
 from hcs_bus.messages import HealthEvent
-from scheduler import outages
-from scheduler.mirroring import Mirror, node_status
+from scheduler.report.computenode_loop import Mirror, node_status
+from scheduler.view import outages
 from tests.apiserver import ApiServer
 from tests.deploy.test_mirroring import device, fingerprint
 

@@ -18,7 +18,7 @@ import yaml
 
 from hcs_bus import permissions
 from hcs_bus.natsserver import binary
-from scheduler.mirroring import node_status
+from scheduler.report.computenode_loop import node_status
 from tests.deploy.render import DEPLOY, OVERLAYS, ROOT, by_kind, missing_part_kustomizations, render
 from tests.deploy.test_mirroring import fingerprint, verdict
 

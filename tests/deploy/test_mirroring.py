@@ -1,4 +1,4 @@
-"""ComputeNode status from fingerprints and verdicts (scheduler/mirroring.py)."""
+"""ComputeNode status from fingerprints and verdicts (scheduler/report/computenode_loop.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
 from hcs_bus.messages import Compute, DeviceFingerprint, HealthEvent, NodeFingerprint
-from scheduler.mirroring import Mirror, node_status
+from scheduler.report.computenode_loop import Mirror, node_status
 from tests.apiserver import ApiServer
 
 

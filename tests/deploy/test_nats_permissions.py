@@ -166,7 +166,7 @@ async def test_the_schedulers_cluster_view_replays_a_large_stream_with_its_own_u
     """The view follows HCS_FP/HCS_HEALTH with ordered push consumers: a replay
     this large makes the server ask for flow-control replies ($JS.FC)."""
     from hcs_bus.settings import SchedulerSettings
-    from scheduler.viewing import ClusterView
+    from scheduler.view.follow_loop import ClusterView
 
     agent, _ = await connect_as(NODE)
     total = 10_000  # HCS_HEALTH keeps 10,000 events per node

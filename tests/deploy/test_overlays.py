@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from injector.demands import FIELDS
+from hcs_bus.demands import FIELDS
 from tests.deploy.render import DEPLOY, OVERLAYS, ROOT, by_kind, render, render_folder
 
 HCS_IMAGES = "ghcr.io/hcs-project/"

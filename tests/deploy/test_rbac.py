@@ -23,9 +23,11 @@ CODE: dict[str, tuple[str, ...]] = {
     "hcs-scheduler": ("scheduler",),
     "hcs-injector": ("injector",),
     "hcs-healer": ("healer",),
-    "hcs-mirror": ("scheduler/mirroring.py", "scheduler/metered.py"),
+    "hcs-mirror": ("scheduler/report/computenode_loop.py", "scheduler/report/usage_service.py"),
 }
-EXCLUDED = {"hcs-scheduler": ("scheduler/mirroring.py", "scheduler/metered.py")}
+EXCLUDED = {
+    "hcs-scheduler": ("scheduler/report/computenode_loop.py", "scheduler/report/usage_service.py")
+}
 
 
 def _files(paths: tuple[str, ...], *, exclude: tuple[str, ...] = ()) -> list[Path]:
@@ -98,7 +100,9 @@ def test_each_service_account_holds_exactly_the_rules_its_code_calls(
 def test_the_scan_sees_the_calls_that_matter() -> None:
     healer = kube_methods_called(_files(("healer",)))
     assert {"evict_pod", "update_node_taints", "replace_lease"} <= healer
-    assert "patch_compute_node_status" in kube_methods_called(_files(("scheduler/mirroring.py",)))
+    assert "patch_compute_node_status" in kube_methods_called(
+        _files(("scheduler/report/computenode_loop.py",))
+    )
 
 
 def test_every_kube_method_has_an_api_call_row() -> None:

@@ -110,7 +110,7 @@ class Stack:
         )
         started = parts(options)
         argv = {p.name: p.argv for p in started}
-        argv["mirror"] = [sys.executable, "-m", "scheduler.mirroring"]
+        argv["mirror"] = [sys.executable, "-m", "scheduler.report.computenode_loop"]
         # each part's Prometheus /metrics, as ``hcs up`` serves them
         self.metrics_ports = {p.name: p.metrics_port for p in started if p.metrics_port}
         for name, command in argv.items():

@@ -28,7 +28,7 @@ from agents import fleet as fleet_file
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import NodeReservations
-from scheduler import checking
+from scheduler.ledger import audit_store as checking
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.conftest import FLEET
 from tests.e2e.stack import Stack

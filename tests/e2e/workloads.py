@@ -9,7 +9,7 @@ from typing import Any
 from agents import fleet as fleet_file
 from bench.mixes import planned_class
 from hcs_bus.profiles import load as load_profiles
-from scheduler.watching import node_block
+from scheduler.ledger.release_loop import node_block
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.stack import Stack
 
@@ -139,7 +139,7 @@ def fleet_labelled(work: Workloads, fleet: Path, *, timeout_s: float = 60) -> di
     """Wait until every fleet node carries the HCS labels, the kubelet has
     synced every ``ai.compute/*`` capacity into allocatable, and the Node takes
     new pods (no cordon, no node-lifecycle taint: HCS plans around such a
-    node, ``scheduler.watching.node_block``); the Nodes by name."""
+    node, ``scheduler.ledger.release_loop.node_block``); the Nodes by name."""
     names = [n.name for n in fleet_file.load(fleet).nodes]
 
     def labelled(name: str) -> dict[str, Any] | None:

@@ -11,8 +11,8 @@ import pytest
 from hcs_bus import checkpoint, messages, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import CheckpointRequest
+from healer.checkpointing import REQUEST_FILE, Sidecar, scan
 from healer.checkpoints import FileInfo, Listing, Settling, detect, newest
-from healer.sidecar import REQUEST_FILE, Sidecar, scan
 
 
 def _write(root: Path, rel: str, text: str = "x") -> None:

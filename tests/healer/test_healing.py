@@ -19,8 +19,8 @@ from hcs_bus.messages import HealthEvent, Telemetry
 from hcs_bus.settings import HealerSettings
 from healer import acting, rules
 from healer.acting import Actor
+from healer.checkpointing import REQUEST_FILE, Sidecar
 from healer.healing import Healer
-from healer.sidecar import REQUEST_FILE, Sidecar
 from tests.apiserver import ApiServer
 from tests.healer.conftest import bound, fingerprint, health
 

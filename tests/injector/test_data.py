@@ -5,9 +5,10 @@ from __future__ import annotations
 import jsonpatch
 import pytest
 
+from hcs_bus.demands import DemandError, read_policy
 from hcs_bus.errors import ConfigError
-from injector import rebinding, runtimes
-from injector.demands import PodError, read_policy
+from injector import rebinds as rebinding
+from injector import runtimes
 from injector.guarding import is_reserved, reserved_changes
 from injector.patches import Patch, pointer
 
@@ -93,7 +94,7 @@ def test_policy_is_read_from_annotations() -> None:
     assert policy.vendors == ("nvidia", "huawei")
     assert (policy.substitution, policy.topology) == ("allow", "high-bandwidth")
     assert policy.job == "llama"
-    with pytest.raises(PodError, match=r"hcs\.io/topology"):
+    with pytest.raises(DemandError, match=r"hcs\.io/topology"):
         read_policy({"hcs.io/topology": "ring"})
 
 

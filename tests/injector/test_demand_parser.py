@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from hcs_bus import demands
+from hcs_bus import demands as injector_demands
 from hcs_bus.messages import Policy, Requests
-from injector import demands as injector_demands
-from scheduler import pods as scheduler_pods
+from scheduler.plan import pods as scheduler_pods
 
 GI = 2**30
 
@@ -147,7 +147,7 @@ CASES: list[tuple[str, dict[str, Any], Requests | str]] = [
 def _injector(pod: dict[str, Any]) -> Requests | str:
     try:
         demand = injector_demands.read(pod)
-    except injector_demands.PodError as exc:
+    except injector_demands.DemandError as exc:
         return f"refused: {exc}"
     return demand.requests if demand is not None else "none"
 

@@ -11,8 +11,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from injector import demands, fitting
-from injector.demands import PodError
+from hcs_bus import demands
+from hcs_bus.demands import DemandError
+from injector import fitting
 from tests.injector.conftest import A100_PLAN, Responder, Webhook, gpu_review, pod_of
 
 GIB = 2**30
@@ -57,7 +58,7 @@ def both(**amounts: str) -> dict[str, Any]:
 def test_an_amount_that_is_not_a_whole_number_in_the_node_unit_is_refused(
     key: str, value: str, unit: str
 ) -> None:
-    with pytest.raises(PodError) as caught:
+    with pytest.raises(DemandError) as caught:
         demands.read(pod(limits={key: value}, requests={key: value}))
     message = str(caught.value)
     assert f"{key}: {value!r} must be a whole number of {unit}" in message
@@ -75,17 +76,17 @@ def test_whole_numbers_in_any_suffix_pass_and_vram_is_kept_in_bytes() -> None:
 
 
 def test_a_request_without_a_limit_is_refused_naming_the_key() -> None:
-    with pytest.raises(PodError, match=r"ai\.compute/vram is requested \(17179869184\) without"):
+    with pytest.raises(DemandError, match=r"ai\.compute/vram is requested \(17179869184\) without"):
         demands.read(pod(requests={"ai.compute/vram": "16Gi"}, limits={}))
 
 
 def test_a_request_different_from_its_limit_is_refused_with_both_values() -> None:
-    with pytest.raises(PodError, match=r"ai\.compute/acu request 50 and limit 60 differ"):
+    with pytest.raises(DemandError, match=r"ai\.compute/acu request 50 and limit 60 differ"):
         demands.read(pod(limits={"ai.compute/acu": "60"}, requests={"ai.compute/acu": "50"}))
 
 
 def test_an_init_container_asking_for_a_key_nodes_never_advertise_is_refused() -> None:
-    with pytest.raises(PodError, match=r"init container cannot request ai\.compute/tflops-fp16"):
+    with pytest.raises(DemandError, match=r"init container cannot request ai\.compute/tflops-fp16"):
         demands.read(pod(limits={}, requests={}, init={"ai.compute/tflops-fp16": "100"}))
     allowed = demands.read(pod(limits={}, requests={}, init={"ai.compute/vram": "16Gi"}))
     assert allowed is not None and allowed.amounts == {"ai.compute/vram": Decimal(16 * GIB)}

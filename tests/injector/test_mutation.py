@@ -316,7 +316,7 @@ async def test_bad_opt_in_annotations_are_refused_by_name(
 async def test_plan_note_is_what_the_scheduler_bind_decodes(
     webhook: Webhook, responder: Responder
 ) -> None:
-    pods = pytest.importorskip("scheduler.pods")
+    pods = pytest.importorskip("scheduler.plan.pods")
     doc = gpu_review()
     pod = patched(doc, await webhook.review(doc))
     note = pods.plan_annotation(pod["metadata"]["annotations"])

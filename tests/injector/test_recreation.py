@@ -8,7 +8,7 @@ import copy
 import json
 from typing import Any
 
-from scheduler import replanning
+from scheduler.replan import rules as replanning
 from tests.injector.conftest import HCS_SA, Responder, Webhook, gpu_review, patched, pod_of
 
 SUBMITTED = "hcs.io/submitted"

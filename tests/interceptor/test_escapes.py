@@ -42,7 +42,7 @@ BLOCKED: dict[str, dict[str, str]] = {
     "file_other_user": {"opened": "0"},
 }
 # In-process doors no LD_PRELOAD library can close: the process reaches the
-# driver's own entry points. agents/backstop.py catches them on the node.
+# driver's own entry points. agents/backstopping.py catches them on the node.
 BACKSTOP = {"dlsym_real"}
 # Programs whose processes must share the stub driver's physical counters.
 SHARED_DRIVER = {"fork_child", "child_without_quota", "pid_namespaces"}

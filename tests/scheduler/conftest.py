@@ -9,7 +9,7 @@ import pytest
 
 from hcs_bus.bus import Bus
 from hcs_bus.settings import BusSettings, Settings
-from scheduler.running import Scheduler, run
+from scheduler.replica import Scheduler, run
 from tests.scheduler.helpers import DB
 
 Start = Callable[..., Awaitable[Scheduler]]

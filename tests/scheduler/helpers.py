@@ -17,8 +17,8 @@ from hcs_bus import profiles, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeNotFound
 from hcs_bus.messages import Compute, DeviceFingerprint, Link, NodeFingerprint, PodRef, Policy
-from scheduler.pods import PlanAnnotation, PodInfo
-from scheduler.state import ClusterState
+from scheduler.plan.pods import PlanAnnotation, PodInfo
+from scheduler.view.state import ClusterState
 
 K8S = Path(__file__).with_name("wire")  # copies of the shared k8s/ extender documents
 DB = profiles.load()

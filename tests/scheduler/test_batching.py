@@ -1,4 +1,4 @@
-"""Group commit per key (``scheduler.batching``): changes that arrive while a
+"""Group commit per key (``scheduler.ledger.group_commit``): changes that arrive while a
 write is on its way go together in the next one, each gets its own result,
 and a failure or a cancellation reaches exactly the changes it concerns."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from hcs_bus.errors import BusUnavailable, CasConflict
-from scheduler.batching import Batches
+from scheduler.ledger.group_commit import Batches
 
 
 class Store:

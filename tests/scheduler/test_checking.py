@@ -9,7 +9,7 @@ from typing import Any
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import DeviceSlice, NodeReservations, PodRef, Reservation
-from scheduler import checking
+from scheduler.ledger import audit_store as checking
 from tests.scheduler.helpers import A100_TWO, node_fp, publish_fleet
 
 ONE = {**A100_TWO, "devices": 1}

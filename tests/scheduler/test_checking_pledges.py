@@ -1,7 +1,7 @@
 """``hcs check`` on the pledges: a pledge carried by a pod it is not for, a
 bound pod whose pledge is unspent, a spent pledge whose pod is gone, an
 unspent pledge the sweep should have dropped, a pod that spent two. Pure
-rules first (``scheduler.pledgecheck``), then the reader on a real bus with
+rules first (``scheduler.ledger.pledge_audit_rules``), then the reader on a real bus with
 both storage forms (``pledges=<ns>`` documents and ``pledges=<ns>=<id>``)."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from hcs_bus import streams
 from hcs_bus.bus import Bus
 from hcs_bus.errors import BadMessage
 from hcs_bus.settings import SchedulerSettings
-from scheduler import checking, pledgecheck
-from scheduler.ledger import Problem
-from scheduler.pledgecheck import Limits
-from scheduler.pledges import NamespacePledges, Pledge
+from scheduler.ledger import audit_store as checking
+from scheduler.ledger import pledge_audit_rules as pledgecheck
+from scheduler.ledger.audit_rules import Problem
+from scheduler.ledger.pledge_audit_rules import Limits
+from scheduler.ledger.pledge_rules import NamespacePledges, Pledge
 
 NOW = 10_000.0
 LIMITS = Limits(ttl_s=600.0, grace_s=60.0, orphan_after_s=30.0, slack_s=10.0)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hcs_bus.messages import DeviceFingerprint
-from scheduler.collectives import (
+from scheduler.extender.collectives import (
     IB_DISABLE,
     INTRA_PCIE,
     INTRA_ROCE,

@@ -1,4 +1,4 @@
-"""The console's JSON shaping (scheduler.panels): pure, on built cluster states."""
+"""The console's JSON shaping (scheduler.console.panels): pure, on built cluster states."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hcs_bus.messages import (
     PodRef,
     Reservation,
 )
-from scheduler import panels
-from scheduler.planning import QuotaLimits
-from scheduler.state import ClusterState
+from scheduler.console import panels
+from scheduler.plan.rules import QuotaLimits
+from scheduler.view.state import ClusterState
 from tests.scheduler.helpers import DB, dev, node_fp
 from tests.view.factories import verdict
 

@@ -199,8 +199,8 @@ async def test_history_records_samples_for_the_plots(bus: Bus, start_scheduler: 
 
 async def test_a_large_fleet_slows_the_pushes_so_the_extender_keeps_its_loop(bus: Bus) -> None:
     from hcs_bus.settings import SchedulerSettings
-    from scheduler.console import LOOP_SHARE, Console
-    from scheduler.viewing import ClusterView
+    from scheduler.console.http import LOOP_SHARE, Console
+    from scheduler.view.follow_loop import ClusterView
     from tests.scheduler.helpers import DB, state_of
 
     view = ClusterView(bus, settings=SchedulerSettings())

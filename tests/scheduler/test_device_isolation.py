@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from hcs_bus.messages import Plan, PlanRequest, Policy, Requests
-from scheduler import placing, planning
-from scheduler.pods import PlanAnnotation
-from scheduler.state import ClusterState, booked
+from scheduler.extender import rules as placing
+from scheduler.plan import rules as planning
+from scheduler.plan.pods import PlanAnnotation
+from scheduler.view.state import ClusterState, booked
 from tests.scheduler.helpers import DB, node_fp, state_of
 from tests.view.factories import verdict
 

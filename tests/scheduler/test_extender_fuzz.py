@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hcs_bus.bus import Bus
-from scheduler import extenders as wire
+from scheduler.extender import wire
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import A100_TWO, k8s_doc, node_fp, pod, publish_fleet, until
 

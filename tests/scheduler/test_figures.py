@@ -4,9 +4,9 @@ VRAM is never free, reservations are charged to their namespace."""
 from __future__ import annotations
 
 from hcs_bus.messages import HealthEvent, NodeReservations
-from scheduler import gauging
-from scheduler.figures import MIB, fleet_figures
-from scheduler.pledges import Held
+from scheduler.ledger.pledge_rules import Held
+from scheduler.view import gauge_meters as gauging
+from scheduler.view.figures import MIB, fleet_figures
 from tests.scheduler.helpers import node_fp as fp
 from tests.scheduler.helpers import state_of
 from tests.view.factories import reservation

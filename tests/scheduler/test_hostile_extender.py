@@ -14,12 +14,12 @@ import pytest
 
 from hcs_bus.bus import Bus
 from hcs_bus.messages import PlanRequest, Requests
-from scheduler import extenders as wire
-from scheduler import placing
-from scheduler.caching import NodeCache, PodMemo
-from scheduler.extending import serve
-from scheduler.pods import PodInfo
-from scheduler.serving import ask_plan
+from scheduler.extender import rules as placing
+from scheduler.extender import wire
+from scheduler.extender.caches import NodeCache, PodMemo
+from scheduler.extender.http import serve
+from scheduler.plan.pods import PodInfo
+from scheduler.plan.service import ask_plan
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import (
     A100_TWO,
@@ -303,7 +303,7 @@ def test_the_all_fit_answers_match_the_general_ones_and_drop_with_any_change() -
 
 
 def test_picks_last_until_booked_refused_or_expired_and_stay_bounded() -> None:
-    from scheduler.caching import Picks
+    from scheduler.extender.caches import Picks
 
     now = [0.0]
     picks = Picks(hold_s=10.0, max_pods=3, clock=lambda: now[0])

@@ -2,7 +2,7 @@
 (its own last write, or the view's KV watch) instead of reading it first; a
 stale one costs a failed write and a read, never a double booking, and no
 refusal is taken on it without a read. Binds on one node at once share their
-writes (``scheduler.batching``); a lost compare-and-set applies the whole
+writes (``scheduler.ledger.group_commit``); a lost compare-and-set applies the whole
 batch again to the winner's document."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import DeviceSlice, NodeReservations, PodRef, Reservation
-from scheduler import booking
-from scheduler.booking import Booker
-from scheduler.pods import PlanAnnotation
+from scheduler.ledger import reservation_store as booking
+from scheduler.ledger.reservation_store import Booker
+from scheduler.plan.pods import PlanAnnotation
 from tests.scheduler.helpers import A100_WHOLE, node_fp, until
 from tests.scheduler.helpers import pod_info as _pod
 from tests.scheduler.helpers import state_of as fleet_state

@@ -20,9 +20,11 @@ from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeNotFound
 from hcs_bus.messages import AllocationEvent, DeviceSlice, NodeReservations, PodRef, Reservation
 from hcs_bus.telemetry import metrics_text
-from scheduler import booking, ledger, watching
-from scheduler.booking import Booker
-from scheduler.pods import PlanAnnotation, pod_info_from_dict
+from scheduler.ledger import audit_rules as ledger
+from scheduler.ledger import release_loop as watching
+from scheduler.ledger import reservation_store as booking
+from scheduler.ledger.reservation_store import Booker
+from scheduler.plan.pods import PlanAnnotation, pod_info_from_dict
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import A100_SLICE, A100_TWO, dev, node_fp, pod, publish_fleet
 from tests.scheduler.helpers import state_of as fleet_state

@@ -13,7 +13,7 @@ from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
 from hcs_bus.messages import UsageAlert
 from hcs_bus.telemetry import metrics_text
-from scheduler.metered import Meter
+from scheduler.report.usage_service import Meter
 from tests.allocations import allocation, publish
 from tests.apiserver import ApiServer
 

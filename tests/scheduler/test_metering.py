@@ -1,4 +1,4 @@
-"""Usage metering's pure rules (scheduler/metering.py): lifetimes from
+"""Usage metering's pure rules (scheduler/report/usage_rules.py): lifetimes from
 AllocationEvents, usage over windows, quota shares and the alert's hysteresis."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hcs_bus.messages import AllocationEvent, AllocState, DeviceSlice, PodRef
-from scheduler import metering
-from scheduler.metering import Held, Lifetimes, Usage
+from scheduler.report import usage_rules as metering
+from scheduler.report.usage_rules import Held, Lifetimes, Usage
 
 T0 = 1_700_000_000.0
 

@@ -11,9 +11,9 @@ import pytest
 
 from hcs_bus.messages import PlanRequest, Policy, Requests
 from hcs_bus.settings import SchedulerSettings
-from scheduler import planning
-from scheduler.viewing import ClusterView
-from scheduler.watching import node_block, on_node_event
+from scheduler.ledger.release_loop import node_block, on_node_event
+from scheduler.plan import rules as planning
+from scheduler.view.follow_loop import ClusterView
 from tests.scheduler.helpers import DB, node_fp, state_of
 
 

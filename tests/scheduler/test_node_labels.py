@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgspec
 
 from hcs_bus.messages import NodeReservations
-from scheduler import placing
-from scheduler.caching import NodeCache
-from scheduler.pods import PlanAnnotation, PodInfo
-from scheduler.state import ClusterState, booked
+from scheduler.extender import rules as placing
+from scheduler.extender.caches import NodeCache
+from scheduler.plan.pods import PlanAnnotation, PodInfo
+from scheduler.view.state import ClusterState, booked
 from tests.scheduler.helpers import node_fp, pod_info, state_of
 from tests.view.factories import reservation
 

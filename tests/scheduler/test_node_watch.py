@@ -11,8 +11,8 @@ import pytest
 
 from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
-from scheduler import viewing
-from scheduler.collectives import IB_DISABLE, P2P_DISABLE
+from scheduler.extender.collectives import IB_DISABLE, P2P_DISABLE
+from scheduler.view import follow_loop as viewing
 from tests.apiserver import ApiServer
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import (

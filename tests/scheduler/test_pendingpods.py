@@ -1,4 +1,4 @@
-"""The pending HCS pods kept from the pod watch (``scheduler.pendingpods``):
+"""The pending HCS pods kept from the pod watch (``scheduler.replan.pending_pods``):
 what the store keeps and drops, a watch re-opened from a fresh list, and the
 stranding scan reading the store instead of listing the pods."""
 
@@ -12,12 +12,12 @@ from typing import Any, cast
 
 from hcs_bus import tasks
 from hcs_bus.errors import KubeUnavailable
-from scheduler import watching
-from scheduler.booking import Booker
-from scheduler.pendingpods import PendingPods
-from scheduler.serving import Planner
-from scheduler.state import ClusterState
-from scheduler.stranding import Stranding
+from scheduler.ledger import release_loop as watching
+from scheduler.ledger.reservation_store import Booker
+from scheduler.plan.service import Planner
+from scheduler.replan.loop import Stranding
+from scheduler.replan.pending_pods import PendingPods
+from scheduler.view.state import ClusterState
 from tests.scheduler.helpers import A100_WHOLE as PLAN
 from tests.scheduler.helpers import FakeKube, until
 

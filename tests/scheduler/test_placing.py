@@ -6,10 +6,10 @@ import msgspec
 import pytest
 
 from hcs_bus.messages import NodeReservations
-from scheduler import placing
-from scheduler.caching import NodeCache
-from scheduler.pods import PlanAnnotation
-from scheduler.state import booked
+from scheduler.extender import rules as placing
+from scheduler.extender.caches import NodeCache
+from scheduler.plan.pods import PlanAnnotation
+from scheduler.view.state import booked
 from tests.scheduler.helpers import a100_slice, dev, node_fp, state_of
 from tests.view.factories import reservation, verdict
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hcs_bus.messages import NodeReservations, PlanRequest, Policy, Requests
-from scheduler import planning
-from scheduler.explaining import render_plan
+from scheduler.plan import rules as planning
+from scheduler.plan.explanations import render_plan
 from tests.scheduler.helpers import DB, node_fp, state_of
 from tests.view.factories import reservation
 

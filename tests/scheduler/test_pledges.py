@@ -1,4 +1,4 @@
-"""Pledges' pure rules (``scheduler.pledges``) and plans that count them:
+"""Pledges' pure rules (``scheduler.ledger.pledge_rules``) and plans that count them:
 never over capacity or quota counting pledges, pledge → spent → reservation
 → gone, expiry, single use."""
 
@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hcs_bus.messages import PlanRequest, PodRef, Policy, Requests
-from scheduler import planning, pledges
-from scheduler.pledges import NamespacePledges, Pledge
+from scheduler.ledger import pledge_rules as pledges
+from scheduler.ledger.pledge_rules import NamespacePledges, Pledge
+from scheduler.plan import rules as planning
 from tests.scheduler.helpers import DB, node_fp, state_of
 
 A100 = "nvidia/A100-80G"

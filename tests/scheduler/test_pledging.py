@@ -14,10 +14,12 @@ from hcs_bus import kvkeys, streams
 from hcs_bus.bus import Bus, connect
 from hcs_bus.messages import PlanRequest, PodRef, Policy, Requests
 from hcs_bus.settings import BusSettings
-from scheduler import planning, pledges, watching
-from scheduler.pledging import Pledger
-from scheduler.pods import PlanAnnotation, PodInfo
-from scheduler.serving import ask_plan
+from scheduler.ledger import pledge_rules as pledges
+from scheduler.ledger import release_loop as watching
+from scheduler.ledger.pledge_store import Pledger
+from scheduler.plan import rules as planning
+from scheduler.plan.pods import PlanAnnotation, PodInfo
+from scheduler.plan.service import ask_plan
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import A100_TWO, node_fp, pod_info, publish_fleet, until
 
@@ -195,7 +197,7 @@ async def test_pledges_never_bound_expire_and_spent_ones_go_once_their_reservati
 async def test_compute_quota_status_used_counts_reservations_and_pledges(
     bus: Bus, start_scheduler: Start
 ) -> None:
-    from scheduler.quotas import UsedWriter, used_by_namespace
+    from scheduler.quota.source import UsedWriter, used_by_namespace
     from tests.scheduler.helpers import FakeKube
 
     kube = FakeKube()

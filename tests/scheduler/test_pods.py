@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.pods import BadPod, pod_info_from_dict
+from scheduler.plan.pods import BadPod, pod_info_from_dict
 from tests.scheduler.helpers import pod
 
 

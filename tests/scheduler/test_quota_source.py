@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from hcs_bus.errors import KubeUnavailable
-from scheduler.quotas import QuotaSource
+from scheduler.quota.source import QuotaSource
 
 QUOTA = {"metadata": {"name": "budget"}, "spec": {"hard": {"ai.compute/vram": "32Gi"}}}
 

@@ -12,9 +12,9 @@ from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeConflict, KubeUnavailable
 from hcs_bus.messages import AllocationEvent, NodeReservations, PodRef, ReleaseRequest
-from scheduler import watching
-from scheduler.booking import Booker
-from scheduler.pods import PlanAnnotation, pod_info_from_dict
+from scheduler.ledger import release_loop as watching
+from scheduler.ledger.reservation_store import Booker
+from scheduler.plan.pods import PlanAnnotation, pod_info_from_dict
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import (
     A100_TWO,

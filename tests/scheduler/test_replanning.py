@@ -1,4 +1,4 @@
-"""The pure rules for stranded and parked pods (``scheduler.replanning``)."""
+"""The pure rules for stranded and parked pods (``scheduler.replan.rules``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from hcs_bus.messages import NodeReservations, PlanRequest, Policy
-from scheduler import planning, replanning
+from scheduler.plan import rules as planning
+from scheduler.replan import rules as replanning
 from tests.scheduler.helpers import DB, node_fp, state_of
 from tests.view.factories import reservation
 

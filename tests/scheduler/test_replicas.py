@@ -7,7 +7,7 @@ import random
 
 from hcs_bus.bus import Bus, connect
 from hcs_bus.settings import BusSettings
-from scheduler.pods import PlanAnnotation, PodInfo
+from scheduler.plan.pods import PlanAnnotation, PodInfo
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import A100_WHOLE, node_fp, pod_info, publish_fleet, until
 

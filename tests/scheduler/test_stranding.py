@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 from hcs_bus import messages, streams, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.messages import NodeReservations, PodRef
-from scheduler import replanning
-from scheduler.running import Scheduler
+from scheduler.replan import rules as replanning
+from scheduler.replica import Scheduler
 from tests.apiserver import ApiServer
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import A100_WHOLE as A100_PLAN

@@ -5,10 +5,10 @@ started: its fleet's first fingerprints must not meet a 403)."""
 from __future__ import annotations
 
 from hcs_bus.messages import PlanRequest, Requests
-from scheduler.quotas import QuotaSource
-from scheduler.running import profile_db
-from scheduler.serving import Planner
-from scheduler.state import ClusterState
+from scheduler.plan.service import Planner
+from scheduler.quota.source import QuotaSource
+from scheduler.replica import profile_db
+from scheduler.view.state import ClusterState
 from tests.scheduler.helpers import node_fp
 
 A_SLICE = PlanRequest(namespace="ml", requests=Requests(vram_mib=16 * 1024))

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hcs_bus.messages import NodeReservations
-from scheduler import planning
-from scheduler.state import ClusterState
+from scheduler.plan import rules as planning
+from scheduler.view.state import ClusterState
 from tests.scheduler.helpers import dev, node_fp
 from tests.view.factories import reservation, verdict
 

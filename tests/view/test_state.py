@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hcs_bus.messages import NodeReservations
-from scheduler.state import ClusterState, fleet_totals
+from scheduler.view.state import ClusterState, fleet_totals
 from tests.view.factories import fingerprint, reservation, verdict
 
 

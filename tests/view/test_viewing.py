@@ -12,8 +12,8 @@ from hcs_bus import messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import NodeReservations
 from hcs_bus.settings import SchedulerSettings
-from scheduler import viewing
-from scheduler.viewing import ClusterView
+from scheduler.view import follow_loop as viewing
+from scheduler.view.follow_loop import ClusterView
 from tests.view.factories import fingerprint, reservation, verdict
 
 

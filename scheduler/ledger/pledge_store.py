@@ -1,0 +1,696 @@
+"""Pledges in KV ``hcs_alloc`` (rules and key layout in ``scheduler.ledger.pledge_rules``):
+made when a non-dry-run plan is given, spent at bind (under a quota; without
+one the reservation carrying its id retires it), swept when expired or done,
+released when the pod is deleted.
+
+A namespace with a ComputeQuota: plan and pledge are one step per namespace.
+The namespace's document is read (or taken from the last write), the plan is
+computed with every outstanding pledge counted, and the pledge is written
+with compare-and-set on the document's revision; a lost race re-plans
+against the winner's document. One lock per namespace keeps a replica from
+racing itself.
+
+A namespace without one: each pledge is created under its own key and
+counted here at once (before the create is answered), so the next plan of a
+burst already sees it; bind writes nothing to it (the reservation carries
+its id, and the sweep deletes it once the view shows that reservation).
+
+Other replicas' pledges (for class room) come from the view's KV watch
+(``apply``), and so do this replica's own once written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from nats.errors import Error as NatsError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
+from hcs_bus.messages import Plan, PlanRequest, PodRef
+from hcs_bus.telemetry import logger, meter
+from scheduler.ledger import pledge_rules as pledges
+from scheduler.ledger.group_commit import Batches
+from scheduler.ledger.pledge_rules import NamespacePledges, Pledge
+from scheduler.plan import rules as planning
+from scheduler.plan.pods import PlanAnnotation as Sizing
+
+_log = logger("hcs.scheduler.pledging")
+_meter = meter("hcs.scheduler")
+PLEDGES = _meter.create_counter("hcs_scheduler_pledges", description="pledge outcomes")
+MAX_ATTEMPTS = 50
+COMPACT_EVERY_S = 600.0  # delete markers of pledge keys older than this are purged
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(NamespacePledges)
+_ONE = msgspec.json.Decoder(Pledge)
+
+PlanFn = Callable[[PlanRequest, planning.Summary], Awaitable[Plan]]
+
+
+class _Held(msgspec.Struct):
+    doc: NamespacePledges | None
+    revision: int | None
+
+
+@dataclass(slots=True)
+class _Own:
+    """A pledge under its own key, and the key's revision (None: created by
+    this replica, the create not answered yet)."""
+
+    pledge: Pledge
+    revision: int | None
+
+
+_Version = tuple[int | None, int]  # (document revision, change count of the own keys)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    version: _Version
+    ids: frozenset[str]
+    by_class: dict[str, pledges.Held]
+    total: pledges.Held
+    count: int
+
+
+_Waiting = tuple[PlanRequest, PlanFn, bool]  # a request, its planner, whether quoted
+_Result = Plan | BaseException
+
+
+class Pledger:
+    """One replica's pledges: the documents and own keys it knows, and the writes."""
+
+    def __init__(
+        self,
+        *,
+        kv: KeyValue,
+        summary: Callable[[], planning.Summary],
+        clock: Callable[[], float] = time.time,
+        ttl_s: float = 300.0,
+        grace_s: float = 30.0,
+        pods: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None,
+        orphan_after_s: float = 30.0,
+    ) -> None:
+        self.kv, self.summary, self.clock = kv, summary, clock
+        self.ttl_s, self.grace_s = ttl_s, grace_s
+        # a namespace's pods (with a cluster): pledges no pod carries are orphans
+        self.pods, self.orphan_after_s = pods, orphan_after_s
+        self.docs: dict[str, _Held] = {}  # namespaces with a quota
+        self.keyed: dict[str, dict[str, _Own]] = {}  # namespaces without: id -> pledge
+        self._changes: dict[str, int] = {}  # per namespace: changes of ``keyed``
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tallies: dict[str, _Tally] = {}
+        # per namespace: requests that arrive during a write are planned together
+        self._batches: Batches[str, _Waiting, Plan] = Batches(self._commit)
+        self._ids: frozenset[str] = frozenset()  # pledges the last summary saw reserved
+        self._deleted = False  # own keys deleted since the last compaction
+        self._listed: dict[str, float] = {}  # per namespace: when its pods were last listed
+
+    # -- documents and own keys --------------------------------------------
+    def apply(self, key: str, value: bytes | None, revision: int) -> None:
+        """A KV watch entry for a pledge key (None/empty: deleted)."""
+        ns, pledge_id = pledges.parse_key(key)
+        if pledge_id:
+            self._apply_own(ns, pledge_id, value, revision)
+            return
+        held = self.docs.get(ns)
+        if held is not None and held.revision is not None and held.revision >= revision:
+            return
+        if not value:
+            self.docs[ns] = _Held(None, revision)
+            return
+        try:
+            self.docs[ns] = _Held(_DECODER.decode(value), revision)
+        except msgspec.MsgspecError as exc:
+            _log.error("bad_pledge_doc", key=key, rev=revision, error=str(exc))
+
+    def _apply_own(self, ns: str, pledge_id: str, value: bytes | None, revision: int) -> None:
+        pledge = None
+        if value:
+            try:
+                pledge = _ONE.decode(value)
+            except msgspec.MsgspecError as exc:
+                key = pledges.key_for(ns, pledge_id)
+                _log.error("bad_pledge", key=key, rev=revision, error=str(exc))
+                return
+        self._remember_own(ns, pledge_id, pledge, revision)
+
+    def _remember_own(self, ns: str, pledge_id: str, pledge: Pledge | None, revision: int) -> None:
+        """One pledge's key at ``revision`` (None: deleted), unless a later one is known."""
+        mine = self.keyed.setdefault(ns, {})
+        known = mine.get(pledge_id)
+        if known is not None and known.revision is not None and known.revision >= revision:
+            return
+        if pledge is None:
+            if known is not None:
+                del mine[pledge_id]
+                self._changed(ns)
+            return
+        if known is not None and known.pledge == pledge:
+            known.revision = revision  # our own create, seen back: nothing to count anew
+            return
+        mine[pledge_id] = _Own(pledge, revision)
+        self._changed(ns)
+
+    def _changed(self, ns: str) -> None:
+        self._changes[ns] = self._changes.get(ns, 0) + 1
+
+    def _version(self, ns: str) -> _Version:
+        held = self.docs.get(ns)
+        return (held.revision if held is not None else None), self._changes.get(ns, 0)
+
+    def _all(self, ns: str) -> NamespacePledges | None:
+        """Everything known of the namespace: its document and its own keys."""
+        held, mine = self.docs.get(ns), self.keyed.get(ns)
+        if not mine:
+            return held.doc if held is not None else None
+        before = held.doc.pledges if held is not None and held.doc is not None else ()
+        return NamespacePledges(
+            namespace=ns, pledges=(*before, *(own.pledge for own in mine.values()))
+        )
+
+    async def read(self, namespace: str) -> _Held:
+        key = pledges.key_for(namespace)
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return _Held(None, None)
+        except NatsError as exc:
+            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
+        held = _Held(None, entry.revision)
+        if entry.value:
+            try:
+                held = _Held(_DECODER.decode(entry.value), entry.revision)
+            except msgspec.MsgspecError as exc:
+                raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
+        self._remember(namespace, held)
+        return held
+
+    async def write(self, namespace: str, doc: NamespacePledges, *, revision: int | None) -> None:
+        key, data = pledges.key_for(namespace), _ENCODER.encode(doc)
+        try:
+            if revision is None:
+                rev = await self.kv.create(key, data)
+            else:
+                rev = await self.kv.update(key, data, last=revision)
+        except KeyWrongLastSequenceError as exc:
+            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
+        except NatsError as exc:  # a create that lost its race lands here too
+            if revision is None and "wrong last sequence" in str(exc).lower():
+                raise CasConflict(f"{key}: created meanwhile") from exc
+            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
+        self._remember(namespace, _Held(doc, int(rev)))
+
+    def _remember(self, namespace: str, held: _Held) -> None:
+        now = self.docs.get(namespace)
+        if now is None or now.revision is None or (held.revision or 0) >= now.revision:
+            self.docs[namespace] = held
+
+    async def _read_own(self, ns: str, pledge_id: str) -> _Own | None:
+        key = pledges.key_for(ns, pledge_id)
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return None
+        except NatsError as exc:
+            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
+        if not entry.value:
+            return None
+        try:
+            own = _Own(_ONE.decode(entry.value), entry.revision)
+        except msgspec.MsgspecError as exc:
+            raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
+        self._remember_own(ns, pledge_id, own.pledge, entry.revision or 0)
+        return own
+
+    async def _write_own(self, ns: str, pledge: Pledge, *, revision: int | None) -> int:
+        """Create (``revision`` None) or compare-and-set one pledge's key."""
+        key, data = pledges.key_for(ns, pledge.id), _ENCODER.encode(pledge)
+        try:
+            if revision is None:
+                return int(await self.kv.create(key, data))
+            return int(await self.kv.update(key, data, last=revision))
+        except KeyWrongLastSequenceError as exc:
+            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
+        except NatsError as exc:
+            if "wrong last sequence" in str(exc).lower():
+                raise CasConflict(f"{key}: changed meanwhile") from exc
+            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
+
+    async def _delete_own(self, ns: str, pledge_id: str, *, revision: int | None) -> bool:
+        """Delete one pledge's key (at ``revision`` when given); False when it
+        changed meanwhile (spent, say): it is left for the next look."""
+        key = pledges.key_for(ns, pledge_id)
+        try:
+            await self.kv.delete(key, last=revision)
+        except KeyWrongLastSequenceError:
+            return False
+        except NatsError as exc:
+            if "wrong last sequence" in str(exc).lower():
+                return False
+            raise BusUnavailable(f"hcs: cannot delete {key}: {exc!r}") from exc
+        mine = self.keyed.get(ns, {})
+        if mine.pop(pledge_id, None) is not None:
+            self._changed(ns)
+        self._deleted = True
+        return True
+
+    def lock(self, namespace: str) -> asyncio.Lock:
+        found = self._locks.get(namespace)
+        if found is None:
+            found = self._locks[namespace] = asyncio.Lock()
+        return found
+
+    # -- counting ---------------------------------------------------------
+    def _tally(self, ns: str, ids: frozenset[str]) -> _Tally:
+        """What the namespace's outstanding pledges hold (cached per version)."""
+        version = self._version(ns)
+        cached = self._tallies.get(ns)
+        if cached is not None and cached.version == version and cached.ids is ids:
+            return cached
+        mine = pledges.outstanding(self._all(ns), reserved=ids)
+        tally = _Tally(version, ids, pledges.per_class(mine), pledges.held(mine), len(mine))
+        self._tallies[ns] = tally
+        return tally
+
+    def _tally_more(
+        self,
+        ns: str,
+        *,
+        was: _Version,
+        by_class: dict[str, pledges.Held],
+        total: pledges.Held,
+        count: int,
+    ) -> None:
+        """After our own write at version ``was``: the tally grows by what was
+        added, without counting the namespace again (O(added), not O(held))."""
+        cached = self._tallies.get(ns)
+        if cached is None or cached.version != was:
+            return
+        merged = dict(cached.by_class)
+        for key, value in by_class.items():
+            merged[key] = merged[key].add(value) if key in merged else value
+        self._tallies[ns] = _Tally(
+            self._version(ns), cached.ids, merged, cached.total.add(total), cached.count + count
+        )
+
+    def _namespaces(self) -> list[str]:
+        return list(self.docs.keys() | self.keyed.keys())
+
+    def charged(self, summary: planning.Summary) -> planning.Summary:
+        """The view's summary with every known outstanding pledge counted."""
+        self._ids = summary.pledge_ids
+        by_class: dict[str, pledges.Held] = {}
+        by_ns: dict[str, pledges.Held] = {}
+        for ns in self._namespaces():
+            tally = self._tally(ns, summary.pledge_ids)
+            if not tally.count:
+                continue
+            by_ns[ns] = tally.total
+            for key, value in tally.by_class.items():
+                by_class[key] = by_class[key].add(value) if key in by_class else value
+        if not by_ns:
+            return summary
+        return planning.charged(summary, by_class=by_class, by_namespace=by_ns)
+
+    def by_namespace(self, *, fresh: bool = False) -> dict[str, tuple[pledges.Held, int]]:
+        """Per namespace: what its outstanding pledges hold, and how many,
+        against the reservations of the view's summary (``fresh``, in the
+        event loop) or of the last one seen (from a metrics callback)."""
+        ids = self._ids = self.summary().pledge_ids if fresh else self._ids
+        out: dict[str, tuple[pledges.Held, int]] = {}
+        for ns in self._namespaces():
+            tally = self._tally(ns, ids)
+            if tally.count:
+                out[ns] = (tally.total, tally.count)
+        return out
+
+    # -- make -------------------------------------------------------------
+    async def place(self, request: PlanRequest, plan: PlanFn, *, quoted: bool = True) -> Plan:
+        """Plan ``request`` with the pledges counted and, when it is a plan,
+        record its pledge; the Plan carries the pledge id. ``quoted``: the
+        namespace has a quota (its pledges go into its document). Requests of
+        one namespace that arrive while a write is on its way are planned one
+        after the other against the pledges before them and written together."""
+        return await self._batches.submit(request.namespace, (request, plan, quoted))
+
+    async def _commit(self, ns: str, batch: list[_Waiting]) -> list[_Result]:
+        if any(quoted for _r, _p, quoted in batch):
+            return list(await self._plan_batch(ns, batch))
+        return await self._plan_own(ns, batch)
+
+    async def _plan_all(
+        self, ns: str, batch: list[_Waiting], base: planning.Summary
+    ) -> tuple[list[Plan], list[tuple[int, Pledge]], dict[str, pledges.Held], pledges.Held]:
+        """Plan the batch in order, each against the pledges before it:
+        (plans, (index, pledge) made, what they hold per class, in all)."""
+        made: list[tuple[int, Pledge]] = []
+        by_class: dict[str, pledges.Held] = {}
+        total = pledges.Held()
+        out: list[Plan] = []
+        for index, (request, plan, _quoted) in enumerate(batch):
+            summary = base
+            if made:
+                summary = planning.charged(base, by_class=by_class, by_namespace={ns: total})
+            found = await plan(request, summary)
+            if not found.ok or found.devices < 1:
+                PLEDGES.add(1, {"outcome": "refused"})
+                out.append(found)
+                continue
+            pledge = self._pledge(request, found)
+            made.append((index, pledge))
+            by_class[pledge.key] = by_class.get(pledge.key, pledges.Held()).plus(pledge)
+            total = total.plus(pledge)
+            out.append(msgspec.structs.replace(found, pledge=pledge.id))
+        return out, made, by_class, total
+
+    async def _plan_batch(self, ns: str, batch: list[_Waiting]) -> list[Plan]:
+        """A namespace with a quota: the batch's pledges join its document."""
+        held = self.docs.get(ns) or await self.read(ns)
+        for _attempt in range(MAX_ATTEMPTS):
+            out, made, by_class, total = await self._plan_all(
+                ns, batch, self.charged(self.summary())
+            )
+            if not made:
+                return out
+            before = held.doc.pledges if held.doc is not None else ()
+            doc = NamespacePledges(namespace=ns, pledges=(*before, *(p for _i, p in made)))
+            was = self._version(ns)
+            try:
+                await self.write(ns, doc, revision=held.revision)
+            except CasConflict:
+                held = await self.read(ns)
+                continue
+            self._tally_more(ns, was=was, by_class=by_class, total=total, count=len(made))
+            PLEDGES.add(len(made), {"outcome": "made"})
+            return out
+        raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
+
+    async def _plan_own(self, ns: str, batch: list[_Waiting]) -> list[_Result]:
+        """A namespace without a quota: each pledge is created under its own
+        key, and counted here before the creates are answered."""
+        out, made, by_class, total = await self._plan_all(ns, batch, self.charged(self.summary()))
+        if not made:
+            return list(out)
+        mine = self.keyed.setdefault(ns, {})
+        was = self._version(ns)
+        for _index, pledge in made:
+            mine[pledge.id] = _Own(pledge, None)
+        self._changed(ns)
+        self._tally_more(ns, was=was, by_class=by_class, total=total, count=len(made))
+        written = await asyncio.gather(
+            *(self._write_own(ns, pledge, revision=None) for _i, pledge in made),
+            return_exceptions=True,
+        )
+        results: list[_Result] = list(out)
+        for (index, pledge), rev in zip(made, written, strict=True):
+            own = mine.get(pledge.id)
+            if isinstance(rev, BaseException):
+                if own is not None and own.revision is None:
+                    del mine[pledge.id]
+                    self._changed(ns)
+                results[index] = rev
+            elif own is not None and (own.revision is None or own.revision < rev):
+                own.revision = rev
+        PLEDGES.add(
+            sum(1 for r in written if not isinstance(r, BaseException)), {"outcome": "made"}
+        )
+        return results
+
+    def _pledge(self, request: PlanRequest, plan: Plan) -> Pledge:
+        return Pledge(
+            id=secrets.token_hex(8),
+            vendor=plan.vendor,
+            model=plan.model,
+            devices=plan.devices,
+            vram_mib_per_device=plan.vram_mib_per_device,
+            whole_device=plan.whole_device,
+            acu_per_device=plan.acu_per_device,
+            time_s=self.clock(),
+            name="" if request.generate_name else request.pod_name,
+            generate_name=request.generate_name,
+        )
+
+    # -- spend at bind ----------------------------------------------------
+    async def spend(
+        self, ref: PodRef, pledge_id: str, *, sizing: Sizing, quota: planning.QuotaLimits | None
+    ) -> tuple[str, str]:
+        """Turn the pod's pledge into the right to reserve: ("", id) when it may
+        (the id to record on its reservation), or (why not, "").
+
+        Without a quota nothing is written: capacity is bind's compare-and-set,
+        and the reservation that carries the id retires the pledge. Under one,
+        a pledge another pod spent, made for another pod, expired or never
+        made: the pod is re-planned here, in its planned class, against the
+        quota with every pledge counted (a fresh pledge, spent at once)."""
+        ns = ref.namespace
+        if quota is None:  # nothing to hold a copied note to: the reservation
+            return "", pledge_id  # carries the id, which retires the pledge
+        refused: pledges.Spend | None = None
+        if pledge_id:
+            own = await self._spend_own(ref, pledge_id)
+            if isinstance(own, str):
+                return "", own
+            refused = own
+        async with self.lock(ns):
+            for _attempt in range(MAX_ATTEMPTS):
+                held = await self.read(ns)
+                verdict = refused or pledges.spend_verdict(held.doc, pledge_id, ref=ref)
+                if verdict.outcome == "again":
+                    return "", pledge_id
+                used = pledge_id
+                if verdict.outcome == "spend" and held.doc is not None:
+                    doc = pledges.spent(held.doc, pledge_id, ref=ref, now=self.clock())
+                else:
+                    why = _why(verdict, pledge_id)
+                    if pledge_id:
+                        _log.warning("pledge_replanned", pod=f"{ns}/{ref.name}", why=why)
+                    refusal = self._over_quota(ns, sizing=sizing, quota=quota)
+                    if refusal:
+                        PLEDGES.add(1, {"outcome": "bind_refused"})
+                        return f"hcs: {ns}/{ref.name}: {why}; re-planned: {refusal}", ""
+                    fresh = self._fresh(ref, sizing)
+                    doc = pledges.with_pledge(held.doc, fresh, namespace=ns)
+                    used = fresh.id
+                try:
+                    await self.write(ns, doc, revision=held.revision)
+                except CasConflict:
+                    continue
+                PLEDGES.add(1, {"outcome": "spent"})
+                return "", used
+        raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
+
+    async def _spend_own(self, ref: PodRef, pledge_id: str) -> str | pledges.Spend | None:
+        """Spend a pledge kept under its own key: its id when spent (or
+        already spent by this pod), the refusing verdict (another pod's), or
+        None when there is no such key (the namespace's document may hold it)."""
+        ns = ref.namespace
+        own = self.keyed.get(ns, {}).get(pledge_id)
+        for _attempt in range(MAX_ATTEMPTS):
+            if own is None or own.revision is None:
+                own = await self._read_own(ns, pledge_id)
+                if own is None:
+                    return None
+            verdict = pledges.verdict(own.pledge, ref=ref)
+            if verdict.outcome == "again":
+                return pledge_id
+            if verdict.outcome != "spend":
+                return verdict
+            spent = pledges.spent_by(own.pledge, ref=ref, now=self.clock())
+            try:
+                rev = await self._write_own(ns, spent, revision=own.revision)
+            except CasConflict:
+                own = None  # changed meanwhile: read it again
+                continue
+            self._remember_own(ns, pledge_id, spent, rev)
+            PLEDGES.add(1, {"outcome": "spent"})
+            return pledge_id
+        raise CasConflict(f"hcs: pledge {ns}/{pledge_id}: {MAX_ATTEMPTS} compare-and-set conflicts")
+
+    def _over_quota(self, namespace: str, *, sizing: Sizing, quota: planning.QuotaLimits) -> str:
+        size = planning.Sizing(
+            sizing.devices,
+            sizing.vram_mib_per_device,
+            sizing.whole_device,
+            sizing.acu_per_device,
+            0.0,
+            "",
+        )
+        summary = self.charged(self.summary())
+        verdict = planning.check_quota(namespace, sizing=size, summary=summary, quota=quota)
+        return verdict.reason
+
+    def _fresh(self, ref: PodRef, sizing: Sizing) -> Pledge:
+        now = self.clock()
+        return Pledge(
+            id=secrets.token_hex(8),
+            vendor=sizing.vendor,
+            model=sizing.model,
+            devices=sizing.devices,
+            vram_mib_per_device=sizing.vram_mib_per_device,
+            whole_device=sizing.whole_device,
+            acu_per_device=sizing.acu_per_device,
+            time_s=now,
+            name=ref.name,
+            spent_s=now,
+            uid=ref.uid,
+            pod=ref.name,
+        )
+
+    # -- release / sweep --------------------------------------------------
+    async def release(self, namespace: str, pledge_id: str, *, reason: str) -> bool:
+        """Drop a pledge (its pod was deleted); True when it was there."""
+        if pledge_id in self.keyed.get(namespace, {}):
+            gone = await self._delete_own(namespace, pledge_id, revision=None)
+            PLEDGES.add(1, {"outcome": reason})
+            return gone
+
+        def pick(doc: NamespacePledges) -> list[Pledge]:
+            return [p for p in doc.pledges if p.id == pledge_id]
+
+        return bool(await self._drop(namespace, pick, reason=reason))
+
+    async def sweep(self) -> int:
+        """Drop expired pledges and spent ones whose reservation is in the view."""
+        ids = self._ids = self.summary().pledge_ids
+        now, count = self.clock(), 0
+
+        def pick(doc: NamespacePledges) -> list[Pledge]:
+            expired, done = pledges.sweep(
+                doc, now=now, ttl_s=self.ttl_s, grace_s=self.grace_s, reserved=ids
+            )
+            for p in expired:
+                _log.warning("pledge_expired", namespace=doc.namespace, pledge=p.id, name=p.name)
+            return expired + done
+
+        for ns in list(self.docs):
+            count += await self._drop(ns, pick, reason="sweep")
+        for ns in list(self.keyed):
+            count += await self._drop_own(ns, pick, reason="sweep")
+        for ns in self._namespaces():
+            count += await self._drop_orphans(ns, now=now)
+        return count
+
+    async def compact(self, *, older_than_s: float = COMPACT_EVERY_S) -> bool:
+        """Purge the delete markers pledge keys left behind (older than
+        ``older_than_s``) when this replica deleted any since the last time:
+        a million pods must not leave a million markers for every watch to
+        replay."""
+        if not self._deleted:
+            return False
+        self._deleted = False
+        try:
+            await self.kv.purge_deletes(olderthan=int(older_than_s))
+        except NatsError as exc:
+            self._deleted = True
+            raise BusUnavailable(f"hcs: cannot purge pledge delete markers: {exc!r}") from exc
+        return True
+
+    async def _drop_orphans(self, ns: str, *, now: float) -> int:
+        known = self._all(ns)
+        if self.pods is None or known is None:
+            return 0
+        if not pledges.orphans(known, referenced=(), now=now, after_s=self.orphan_after_s):
+            return 0  # none old enough: no need to list the pods
+        if now - self._listed.get(ns, float("-inf")) < self.orphan_after_s:
+            return 0  # listed lately: an orphan goes within twice the window
+        self._listed[ns] = now
+        try:
+            found = await self.pods(ns)
+        except HcsError as exc:
+            _log.warning("pledge_pods_unreadable", namespace=ns, error=str(exc))
+            return 0
+        carried = {pledges.pledge_of(p) for p in found}
+
+        def pick(doc: NamespacePledges) -> list[Pledge]:
+            gone = pledges.orphans(doc, referenced=carried, now=now, after_s=self.orphan_after_s)
+            for p in gone:
+                _log.warning("pledge_orphaned", namespace=ns, pledge=p.id, name=p.name)
+            return gone
+
+        count = await self._drop(ns, pick, reason="orphan") if ns in self.docs else 0
+        return count + await self._drop_own(ns, pick, reason="orphan")
+
+    async def _drop_own(
+        self,
+        ns: str,
+        pick: Callable[[NamespacePledges], list[Pledge]],
+        *,
+        reason: str,
+    ) -> int:
+        """Delete the picked pledges kept under their own keys, each at the
+        revision it was picked at (one spent meanwhile is left alone)."""
+        mine = self.keyed.get(ns)
+        if not mine:
+            return 0
+        revisions = {pid: own.revision for pid, own in mine.items()}
+        picked = pick(
+            NamespacePledges(namespace=ns, pledges=tuple(o.pledge for o in mine.values()))
+        )
+        count = 0
+        for p in picked:
+            if await self._delete_own(ns, p.id, revision=revisions.get(p.id)):
+                count += 1
+        if count:
+            PLEDGES.add(count, {"outcome": reason})
+        return count
+
+    async def _drop(
+        self,
+        namespace: str,
+        pick: Callable[[NamespacePledges], list[Pledge]],
+        *,
+        reason: str,
+    ) -> int:
+        async with self.lock(namespace):
+            for _attempt in range(MAX_ATTEMPTS):
+                held = await self.read(namespace)
+                if held.doc is None:
+                    return 0
+                gone = pick(held.doc)
+                if not gone:
+                    return 0
+                doc = pledges.without(held.doc, [p.id for p in gone])
+                try:
+                    await self.write(namespace, doc, revision=held.revision)
+                except CasConflict:
+                    continue
+                PLEDGES.add(len(gone), {"outcome": reason})
+                return len(gone)
+        raise CasConflict(f"hcs: pledges of {namespace}: {MAX_ATTEMPTS} compare-and-set conflicts")
+
+
+def _why(verdict: pledges.Spend, pledge_id: str) -> str:
+    if not pledge_id:
+        return "no pledge (admitted without one)"
+    if verdict.outcome == "used" and verdict.pledge is not None:
+        return (
+            f"pledge {pledge_id} was already used by pod {verdict.pledge.pod} (a copied plan note)"
+        )
+    if verdict.outcome == "foreign" and verdict.pledge is not None:
+        made = verdict.pledge.made_for
+        return f"pledge {pledge_id} was made for pod {made} (a copied plan note)"
+    return f"pledge {pledge_id} is gone (expired or released)"
+
+
+async def sweep_loop(pledger: Pledger, *, every_s: float = 5.0) -> None:
+    """Sweep forever (and purge old delete markers now and then); a failed
+    round is logged and tried again."""
+    loop = asyncio.get_running_loop()
+    compacted = loop.time()
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await pledger.sweep()
+            if loop.time() - compacted >= COMPACT_EVERY_S:
+                compacted = loop.time()
+                await pledger.compact()
+        except HcsError as exc:
+            _log.warning("pledge_sweep_failed", error=str(exc))

@@ -1,0 +1,668 @@
+"""Reservations in KV ``hcs_alloc``: bind, release and expiry (DESIGN §1, §2.3).
+
+Every write is a compare-and-set on the node key's revision (``create`` when
+the key is absent), so two replicas can never hand out the same device
+slice: the loser re-reads the document, re-decides against it and either
+books other devices or answers "no longer fits". Fit is judged on the KV
+document itself (plus the view's fingerprint for the devices), never on the
+possibly lagging view.
+
+Bind: reserve (``reserved``) → POST the Binding with the ``hcs.io/*``
+annotations (devices, VRAM quota, resume point, collective-library flags)
+→ mark ``bound`` (restoring the reservation if it vanished meanwhile) →
+publish ``AllocationEvent bound``. A failed Binding releases the reservation.
+Every change of a node's document (reserve, mark, release) goes through
+one group commit per node (``scheduler.ledger.group_commit``): changes that arrive
+while a write is on its way are applied together and written once, so binds
+crowding one node do not race each other's compare-and-set.
+One left ``reserved`` longer than ``reserve_ttl_s`` is checked against its
+pod first: bound to that node → marked ``bound`` (a crash between the
+Binding and the mark); gone or not bound there → ``AllocationEvent
+expired``; the pod unreadable → kept until the next round. A reservation
+whose pod is bound is never expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+from nats.errors import Error as NatsError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from hcs_bus import checkpoint, messages, subjects
+from hcs_bus.bus import Bus
+from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError, KubeNotFound
+from hcs_bus.messages import (
+    AllocationEvent,
+    AllocState,
+    DeviceSlice,
+    NodeReservations,
+    PodRef,
+    Reservation,
+)
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, span, zero_init
+from scheduler.extender.collectives import collective_annotations
+from scheduler.extender.rules import Demand, check_node, choose_devices, slices_for
+from scheduler.ledger import audit_rules as ledger
+from scheduler.ledger.audit_rules import BindingOutcome
+from scheduler.ledger.group_commit import Batches
+from scheduler.plan import pods
+from scheduler.view.state import ClusterState, DeviceView, NodeView, booked
+
+_log = logger("hcs.scheduler.booking")
+_meter = meter("hcs.scheduler")
+BINDS = _meter.create_counter("hcs_scheduler_binds", description="bind outcomes")
+CONFLICTS = zero_init(
+    _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
+)
+WRITES = zero_init(
+    _meter.create_counter(
+        "hcs_scheduler_node_writes", description="node reservation documents written to KV"
+    )
+)
+BIND_SECONDS = _meter.create_histogram(
+    "hcs_scheduler_bind_seconds",
+    unit="s",
+    description="time to bind one pod: reserve, POST the Binding, announce",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+BIND_STEP_SECONDS = _meter.create_histogram(
+    "hcs_scheduler_bind_step_seconds",
+    unit="s",
+    description=(
+        "each step of a bind: pledge (spend), reserve (KV), binding (API);"
+        " mark (KV): from the Binding until the mark rides a write of the node"
+    ),
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+
+
+@contextlib.contextmanager
+def _step(name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        BIND_STEP_SECONDS.record(time.perf_counter() - started, {"step": name})
+
+
+OVERCOMMITS = _meter.create_counter(
+    "hcs_scheduler_overcommitted_devices",
+    description="devices found holding more than they have (the ledger cannot undo it)",
+)
+MAX_ATTEMPTS = 50
+MARK_AFTER_S = 1.0  # longest a bound pod's mark waits for its node's next write
+_DOC = messages.decoder_for(NodeReservations)
+
+
+class Kube(Protocol):
+    """The part of ``hcs_bus.kube.Kube`` the scheduler uses."""
+
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
+    ) -> Any: ...
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def watch_pods(
+        self, *, field_selector: str | None = None, synced: asyncio.Event | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
+    def watch_nodes(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        synced: asyncio.Event | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
+    async def list_compute_quotas(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    async def patch_compute_quota_used(
+        self, namespace: str, name: str, used: dict[str, Any]
+    ) -> dict[str, Any]: ...
+
+    async def list_pods(
+        self,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        cached: bool = False,
+    ) -> list[dict[str, Any]]: ...
+
+
+class Doc(msgspec.Struct, frozen=True):
+    doc: NodeReservations | None
+    revision: int | None
+
+
+def device_annotations(
+    *,
+    vendor: str,
+    slices: tuple[DeviceSlice, ...],
+    resume_from: str | None,
+    node: NodeView | None = None,
+) -> dict[str, str]:
+    """The ``hcs.io/*`` annotations the Binding carries. NVIDIA's runtime takes
+    UUIDs (stable across reboots); the other vendors' runtimes take indices.
+    With the node's view, also the collective-library flags that fit the
+    chosen devices' links and the node's labels (``scheduler.extender.collectives``)."""
+    ids = [s.uuid if vendor == "nvidia" and s.uuid else str(s.index) for s in slices]
+    quota = ",".join(f"{i}:{s.vram_mib}Mi" for i, s in enumerate(slices))
+    out = {pods.DEVICES_ANNOTATION: ",".join(ids), pods.VRAM_QUOTA_ANNOTATION: quota}
+    if resume_from:
+        out[pods.RESUME_ANNOTATION] = resume_from
+    if node is not None:
+        out |= collective_annotations(
+            vendor=vendor,
+            chosen=[s.index for s in slices],
+            devices={i: d.fp for i, d in node.devices.items()},
+            labels=node.labels,
+        )
+    return out
+
+
+def expired(doc: NodeReservations, *, now: float, ttl_s: float) -> list[Reservation]:
+    """Reservations stuck in ``reserved`` for longer than ``ttl_s``."""
+    return [r for r in doc.reservations if r.state == "reserved" and now - r.time_s > ttl_s]
+
+
+_same_pod = ledger.same_pod
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """What an edit makes of a node document: the new one (None: unchanged)
+    and the answer for its caller once it is written."""
+
+    doc: NodeReservations | None
+    result: Any
+
+
+# an edit of a node document: (document, just read?) -> its change, or None
+# to be asked again on a fresh read (a no-write answer is never decided on
+# a document that may be stale)
+_Edit = Callable[[NodeReservations | None, bool], _Change | None]
+
+
+class Booker:
+    """Bind, release and expire reservations for one replica."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        kv: KeyValue,
+        ckpt: KeyValue | None,
+        state: ClusterState,
+        kube: Kube | None,
+        replica: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus, self.kv, self.ckpt, self.state = bus, kv, ckpt, state
+        self.kube, self.replica, self.clock = kube, replica, clock
+        # the admission's pledge spent before a reservation (``Planner.spend``);
+        # ("", pledge id) or (refusal, "")
+        self.spend: Callable[[pods.PodInfo, Demand], Awaitable[tuple[str, str]]] | None = None
+        # a pledge dropped when its pod goes away (``Pledger.release``)
+        self.unpledge: Callable[..., Awaitable[bool]] | None = None
+        self._docs: dict[str, Doc] = {}  # per node: the document last read or written here
+        # every change of a node document goes through here: one write per batch
+        self.batches: Batches[str, _Edit, Any] = Batches(self._commit)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- KV documents -----------------------------------------------------
+    async def read(self, node: str) -> Doc:
+        key = subjects.alloc_key(node)
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            self._docs.pop(node, None)
+            return Doc(None, None)
+        except NatsError as exc:  # timeouts, reconnects: a clear, retryable error
+            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
+        if not entry.value:
+            held = Doc(None, entry.revision)
+        else:
+            try:
+                held = Doc(_DOC.decode(entry.value), entry.revision)
+            except msgspec.MsgspecError as exc:
+                raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
+        self._docs[node] = held
+        return held
+
+    def known(self, node: str) -> Doc | None:
+        """The newest document of ``node`` known without a read: the one this
+        replica last read or wrote, or the view's (its KV watch), whichever
+        has the higher revision; None when neither has one.
+
+        A compare-and-set against it is as safe as one after a fresh read: it
+        lands only if that revision is still the latest, else it fails and
+        the caller reads. It saves a KV round trip per write (two per bind).
+        A decision that writes nothing (already there, no longer fits) is not
+        taken on it: the caller reads first (``_held``)."""
+        mine = self._docs.get(node)
+        seen = self.state.revision_of(node)
+        if seen is not None and (mine is None or mine.revision is None or seen > mine.revision):
+            return Doc(self.state.reservations_of(node), seen)
+        return mine if mine is not None and mine.revision is not None else None
+
+    async def _held(self, node: str, *, fresh: bool) -> tuple[Doc, bool]:
+        """(the document to decide on, whether it was just read): the known
+        one unless ``fresh`` is asked or none is known."""
+        if not fresh and (doc := self.known(node)) is not None:
+            return doc, False
+        return await self.read(node), True
+
+    async def write(self, node: str, doc: NodeReservations, *, revision: int | None) -> int:
+        key, data = subjects.alloc_key(node), messages.encode(doc)
+        try:
+            if revision is None:
+                written = int(await self.kv.create(key, data))
+            else:
+                written = int(await self.kv.update(key, data, last=revision))
+        except KeyWrongLastSequenceError as exc:
+            CONFLICTS.add(1)
+            self._docs.pop(node, None)
+            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
+        except NatsError as exc:
+            self._docs.pop(node, None)
+            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
+        WRITES.add(1)
+        self._docs[node] = Doc(doc, written)
+        return written
+
+    # -- bind -------------------------------------------------------------
+    async def bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
+        """Reserve, bind and announce; returns "" or the error for kube-scheduler.
+        Traced as a child of the pod's admission (``hcs.io/traceparent``)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        attributes = {"hcs.pod": f"{pod.ref.namespace}/{pod.ref.name}", "hcs.node": node}
+        with span("hcs.bind", traceparent=pod.traceparent, attributes=attributes):
+            error = await self._bind(pod, demand, node=node)
+        BIND_SECONDS.record(loop.time() - started, {"outcome": "refused" if error else "bound"})
+        return error
+
+    async def _bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
+        try:
+            with _step("pledge"):
+                refusal, pledge = await self.spend(pod, demand) if self.spend else ("", "")
+            if refusal:
+                BINDS.add(1, {"outcome": "pledge_refused"})
+                return refusal
+            with _step("reserve"):
+                reservation = await self._reserve(pod, demand, node=node, pledge=pledge)
+        except HcsError as exc:
+            BINDS.add(1, {"outcome": "refused"})
+            return str(exc)
+        if isinstance(reservation, str):
+            BINDS.add(1, {"outcome": "no_longer_fits"})
+            return reservation
+        with _step("binding"):
+            note, annotations = await self._post_binding(
+                pod, reservation, node=node, vendor=demand.vendor
+            )
+        if note.startswith("hcs: Binding failed"):
+            outcome = await self._binding_outcome(pod.ref, node=node)
+            if outcome != "bound":
+                await self._after_failed_binding(pod.ref, node=node, note=note, outcome=outcome)
+                BINDS.add(1, {"outcome": "binding_failed"})
+                return note
+            _log.warning("binding_landed_after_all", pod=pod.ref.name, node=node, note=note)
+            note = ""
+        self._mark_later(reservation, node=node)
+        await self.announce(node, reservation, state="bound", reason=note, annotations=annotations)
+        BINDS.add(1, {"outcome": "bound"})
+        return ""
+
+    async def _reserve(
+        self, pod: pods.PodInfo, demand: Demand, *, node: str, pledge: str = ""
+    ) -> Reservation | str:
+        view = self.state.nodes.get(node)
+        if view is None:
+            return f"hcs: node {node} is unknown to HCS; cannot bind {pod.ref.name}"
+
+        def reserve(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            current = doc.reservations if doc else ()
+            mine = next((r for r in current if _same_pod(r.pod, pod.ref)), None)
+            now = self.state.nodes.get(node) or view
+            fit = check_node(booked(now, doc), demand)
+            if mine is None and fit.ok:
+                reservation = self._reservation(
+                    pod, demand, fit_devices=choose_devices(fit, demand), pledge=pledge
+                )
+                added = NodeReservations(node=node, reservations=(*current, reservation))
+                return _Change(added, reservation)
+            if not fresh:  # nothing to write to check the known document: read it
+                return None
+            if mine is not None:
+                return _Change(None, mine)
+            who = f"{pod.ref.namespace}/{pod.ref.name}"
+            return _Change(None, f"hcs: {node} no longer fits {who}: {fit.reason}")
+
+        found: Reservation | str = await self.batches.submit(node, reserve)
+        return found
+
+    def _reservation(
+        self, pod: pods.PodInfo, demand: Demand, *, fit_devices: list[DeviceView], pledge: str = ""
+    ) -> Reservation:
+        acu = demand.acu_per_device * demand.devices
+        return Reservation(
+            pod=pod.ref,
+            devices=slices_for(fit_devices, demand),
+            state="reserved",
+            time_s=self.clock(),
+            vendor=demand.vendor,
+            model=demand.model,
+            acu=acu,
+            job=pod.job,
+            priority=pod.priority,
+            pledge=pledge,
+        )
+
+    async def _post_binding(
+        self, pod: pods.PodInfo, reservation: Reservation, *, node: str, vendor: str
+    ) -> tuple[str, dict[str, str]]:
+        """Post the Binding; returns a note ("" when posted) and the annotations."""
+        resume = await self._resume_from(pod)
+        annotations = device_annotations(
+            vendor=vendor,
+            slices=reservation.devices,
+            resume_from=resume,
+            node=self.state.nodes.get(node),
+        )
+        if self.kube is None:
+            _log.info("no_cluster_binding_not_posted", pod=pod.ref.name, node=node)
+            return "no cluster: Binding not posted", annotations
+        try:
+            await self.kube.bind_pod(
+                pod.ref.namespace,
+                pod.ref.name,
+                uid=pod.ref.uid,
+                node=node,
+                annotations=annotations,
+            )
+        except Exception as exc:  # every Kube* error, and the unexpected
+            _log.warning("binding_failed", pod=pod.ref.name, node=node, error=repr(exc))
+            failed = f"hcs: Binding failed for {pod.ref.namespace}/{pod.ref.name} on {node}: {exc}"
+            return failed, annotations
+        return "", annotations
+
+    async def _resume_from(self, pod: pods.PodInfo) -> str | None:
+        if self.ckpt is None or not pod.job:
+            return None
+        try:
+            entry = await self.ckpt.get(subjects.ckpt_key(pod.ref.namespace, pod.job))
+        except (KeyNotFoundError, ValueError):
+            return None
+        except NatsError as exc:  # the bind goes on without a resume point
+            _log.warning("checkpoint_unreadable", job=pod.job, error=repr(exc))
+            return None
+        found = checkpoint.resume_point(  # refused (and logged) across namespaces
+            entry.value, key=entry.key, namespace=pod.ref.namespace, job=pod.job
+        )
+        return found.uri if found is not None and found.uri else None
+
+    async def _binding_outcome(self, ref: PodRef, *, node: str) -> BindingOutcome:
+        """What a Binding whose POST failed did after all, read from the pod: a
+        timeout or a 409 does not say whether the pod sits on ``node`` now."""
+        if self.kube is None:
+            return "elsewhere"
+        try:
+            pod: dict[str, Any] | None = await self.kube.get_pod(ref.namespace, ref.name)
+        except KubeNotFound:
+            pod = None
+        except HcsError as exc:
+            _log.warning("binding_outcome_unknown", pod=ref.name, node=node, error=str(exc))
+            return "unknown"
+        return ledger.binding_outcome(ref, pod, node=node)
+
+    async def _after_failed_binding(
+        self, ref: PodRef, *, node: str, note: str, outcome: BindingOutcome
+    ) -> None:
+        """Free the devices only when the pod is surely not on ``node``; when
+        that cannot be told, the reservation stays ``reserved`` and expiry
+        (which reads the pod again) decides."""
+        if outcome == "unknown":
+            return
+        try:
+            await self.release(ref, reason=note, state="released", node=node)
+        except HcsError as exc:  # left "reserved": expiry takes it back
+            _log.error("release_after_failed_binding", pod=ref.name, error=str(exc))
+
+    def _mark_later(self, reservation: Reservation, *, node: str) -> None:
+        """The pod is bound: its reservation turns ``bound`` with the node's
+        next write (under a burst, the next pod's reserve) or ``MARK_AFTER_S``
+        from now; the bind is answered without waiting. Until then it is
+        ``reserved``, which is safe: expiry and the reconcile read the pod and
+        keep the devices of a pod bound to the node. A reservation gone by
+        then (a release, an expiry) is restored only if the pod is still
+        bound here (``_keep_if_bound``): it may have been deleted meanwhile."""
+        started = time.perf_counter()
+
+        def mark(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            if ledger.holding(doc, reservation.pod) is None:
+                return _Change(None, "missing") if fresh else None
+            marked = ledger.with_bound(doc, reservation, node=node)
+            if marked is None:  # already bound
+                return _Change(None, None) if fresh else None
+            return _Change(marked, True)
+
+        def written(done: asyncio.Future[Any]) -> None:
+            BIND_STEP_SECONDS.record(time.perf_counter() - started, {"step": "mark"})
+            if done.cancelled():
+                return
+            if (exc := done.exception()) is not None:  # expiry reads the pod before it frees
+                _log.error("mark_bound_failed", pod=reservation.pod.name, node=node, error=str(exc))
+            elif done.result() == "missing":
+                self._background(self._keep_if_bound(reservation, node=node))
+
+        self.batches.defer(node, mark, after_s=MARK_AFTER_S).add_done_callback(written)
+
+    async def _keep_if_bound(self, reservation: Reservation, *, node: str) -> None:
+        # unreadable: the reconcile rebuilds it from the pod's annotations
+        if self.kube is not None and not await self._bound_now(
+            reservation, node=node, unreadable="mark_pod_unreadable"
+        ):
+            return
+        try:
+            await self.hold_bound(reservation, node=node, reason="bound")
+        except HcsError as exc:
+            _log.error("mark_bound_failed", pod=reservation.pod.name, node=node, error=str(exc))
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Write the deferred marks now, and finish what they started."""
+        await self.batches.settle()
+        await asyncio.sleep(0)  # the marks' done callbacks run, and start what they start
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def hold_bound(self, reservation: Reservation, *, node: str, reason: str) -> bool:
+        """CAS the pod of ``reservation`` into ``node``'s document as ``bound``:
+        a ``reserved`` one is marked, a missing one added (the pod holds those
+        devices whatever the ledger says). True when the document changed; an
+        over-commit that an addition reveals is logged and counted."""
+
+        def mark(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            marked = ledger.with_bound(doc, reservation, node=node)
+            if marked is None:  # already bound: decided on a document just read
+                return _Change(None, None) if fresh else None
+            added = ledger.holding(doc, reservation.pod) is None
+            return _Change(marked, marked if added else True)
+
+        outcome: NodeReservations | bool | None = await self.batches.submit(node, mark)
+        if isinstance(outcome, NodeReservations):  # the pod's reservation was missing
+            _log.warning(
+                "reservation_restored", node=node, pod=pods_key(reservation.pod), reason=reason
+            )
+            self.report_overcommit(node, outcome)
+        return outcome is not None
+
+    def report_overcommit(self, node: str, doc: NodeReservations) -> list[ledger.Overcommit]:
+        """Log and count every over-committed device of ``doc`` (the ledger
+        cannot undo one: a pod must go)."""
+        view = self.state.nodes.get(node)
+        totals = {i: d.fp.vram_usable_mib for i, d in view.devices.items()} if view else {}
+        found = ledger.overcommitted(node, ledger.ledger_slices(doc), totals)
+        for o in found:
+            OVERCOMMITS.add(1, {"node": node})
+            _log.error("device_overcommitted", node=node, device=o.index, detail=o.detail())
+        return found
+
+    # -- release / expiry -------------------------------------------------
+    async def release(
+        self, ref: PodRef, *, reason: str, state: AllocState = "released", node: str | None = None
+    ) -> AllocationEvent | None:
+        """CAS-remove a pod's reservation; None when it holds none."""
+        if node is None:
+            found = self.state.find_pod(pods_key(ref))
+            if found is None:
+                return None
+            node = found[0]
+
+        def drop(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+            held = doc.reservations if doc is not None else ()
+            gone = [r for r in held if _same_pod(r.pod, ref)]
+            if gone and doc is not None:
+                kept = tuple(r for r in held if not _same_pod(r.pod, ref))
+                return _Change(NodeReservations(node=node, reservations=kept), gone[-1])
+            return _Change(None, None) if fresh else None  # nothing to drop: on a fresh read
+
+        dropped: Reservation | None = await self.batches.submit(node, drop)
+        if dropped is None:
+            return None
+        return await self.announce(node, dropped, state=state, reason=reason)
+
+    async def expire(self, *, ttl_s: float) -> int:
+        """Expire reservations left ``reserved`` longer than ``ttl_s`` whose pod
+        is not bound to their node; one whose pod is turns ``bound`` (the
+        Binding was posted, the mark was lost: a crash, a lost write)."""
+        now = self.clock()
+        count = 0
+        for name in list(self.state.nodes):
+            doc = self.state.reservations_of(name)
+            if doc is None:
+                continue
+            for stuck in expired(doc, now=now, ttl_s=ttl_s):
+                if await self._expire_one(stuck, node=name, ttl_s=ttl_s):
+                    count += 1
+        return count
+
+    async def _bound_now(self, r: Reservation, *, node: str, unreadable: str) -> bool | None:
+        """Whether the pod of ``r`` is bound to ``node`` now, read from the API
+        server (``ledger.expiry_verdict``); None when the pod cannot be read
+        (logged as ``unreadable``): the caller keeps things as they are."""
+        assert self.kube is not None
+        try:
+            pod = await self.kube.get_pod(r.pod.namespace, r.pod.name)
+        except KubeNotFound:
+            return False
+        except HcsError as exc:
+            _log.warning(unreadable, node=node, pod=r.pod.name, error=str(exc))
+            return None
+        return ledger.expiry_verdict(r, pod, node=node) == "bound"
+
+    async def _expire_one(self, stuck: Reservation, *, node: str, ttl_s: float) -> bool:
+        bound = (
+            await self._bound_now(stuck, node=node, unreadable="expiry_pod_unreadable")
+            if self.kube is not None
+            else False
+        )
+        if bound is None:  # cannot tell: keep the devices, ask again next round
+            return False
+        if bound:
+            _log.warning("reserved_pod_found_bound", node=node, pod=pods_key(stuck.pod))
+            if await self.hold_bound(stuck, node=node, reason="pod found bound at expiry"):
+                await self.announce(node, stuck, state="bound", reason="pod found bound at expiry")
+            return False
+        _log.warning("reservation_expired", node=node, pod=stuck.pod.name, ttl_s=ttl_s)
+        event = await self.release(
+            stuck.pod, reason=f"reserved > {ttl_s}s", state="expired", node=node
+        )
+        return event is not None
+
+    async def _commit(self, node: str, edits: list[_Edit]) -> list[Any]:
+        """Apply a batch of edits to ``node``'s document in order and write it
+        once (``batching``). An edit decided on the known document (``_held``)
+        that would write nothing is asked again on a fresh read; a lost
+        compare-and-set reads and applies the whole batch again."""
+        results: list[Any] = [None] * len(edits)
+        todo, fresh = list(range(len(edits))), False
+        for attempt in range(MAX_ATTEMPTS):
+            held, fresh = await self._held(node, fresh=fresh)
+            doc, changed, later, got = held.doc, False, [], {}
+            for i in todo:
+                change = edits[i](doc, fresh)
+                if change is None:
+                    later.append(i)
+                    continue
+                if change.doc is not None:
+                    doc, changed = change.doc, True
+                got[i] = change.result
+            if changed and doc is not None:
+                try:
+                    await self.write(node, doc, revision=held.revision)
+                except CasConflict:
+                    fresh = True
+                    await _backoff(attempt)
+                    continue
+            for i, result in got.items():
+                results[i] = result
+            if not later:
+                return results
+            todo, fresh = later, True
+        raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
+
+    async def announce(
+        self,
+        node: str,
+        r: Reservation,
+        *,
+        state: AllocState,
+        reason: str,
+        annotations: dict[str, str] | None = None,
+    ) -> AllocationEvent:
+        event = AllocationEvent(
+            node=node,
+            pod=r.pod,
+            state=state,
+            time_s=self.clock(),
+            devices=r.devices,
+            vendor=r.vendor,
+            model=r.model,
+            acu=r.acu,
+            job=r.job,
+            priority=r.priority,
+            reason=reason,
+            annotations=annotations or {},
+        )
+        msg_id = f"alloc:{node}:{r.pod.namespace}/{r.pod.name}:{r.pod.uid}:{r.time_s}:{state}"
+        try:
+            await self.bus.publish(subjects.alloc(node), event, msg_id=msg_id)
+        except HcsError as exc:
+            _log.error("allocation_event_lost", node=node, pod=r.pod.name, error=str(exc))
+        return event
+
+
+async def _backoff(attempt: int) -> None:
+    """Jittered pause after a lost compare-and-set, so contenders spread out."""
+    await asyncio.sleep(random.uniform(0, min(0.001 * 2 ** min(attempt, 6), 0.05)))
+
+
+def pods_key(ref: PodRef) -> str:
+    return f"{ref.namespace}/{ref.name}"

@@ -1,0 +1,192 @@
+"""The plan service (``hcs.place``) and explicit releases (``hcs.release``),
+both core request-reply in the queue group of every scheduler replica.
+
+``Planner`` keeps the class summary of the view (recomputed at most every
+``max_age_s`` after a change, so plans stay O(classes), not O(nodes)).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hcs_bus import subjects
+from hcs_bus.bus import Bus
+from hcs_bus.messages import AllocationEvent, Plan, PlanRequest, PodRef, ReleaseRequest
+from hcs_bus.profiles import ProfileDB
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter
+from scheduler.ledger.pledge_store import Pledger
+from scheduler.ledger.reservation_store import Booker
+from scheduler.plan import rules as planning
+from scheduler.plan.pods import PlanAnnotation, PodInfo
+from scheduler.quota.source import QuotaSource
+from scheduler.view.state import ClusterState
+
+_log = logger("hcs.scheduler.serving")
+PLAN_SECONDS = meter("hcs.scheduler").create_histogram(
+    "hcs_scheduler_plan_seconds",
+    unit="s",
+    description="time to answer one plan request (hcs.place)",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+
+
+PLACE_CONCURRENCY = 64
+
+
+class Planner:
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        profiles: ProfileDB,
+        quotas: QuotaSource,
+        max_age_s: float = 0.5,
+        spread: bool = False,
+    ) -> None:
+        self.state = state
+        self.spread = spread  # ``placement: spread``: classes by free share
+        self.profiles = profiles
+        self.quotas = quotas
+        self.max_age_s = max_age_s
+        self._summary: planning.Summary | None = None
+        self._parts = planning.Parts()
+        self._at = float("-inf")
+        self._dirty = True
+        self.pledger: Pledger | None = None  # set by the replica: pledges counted and made
+
+    def changed(self, node: str) -> None:
+        self._parts.changed(node)
+        self._dirty = True
+
+    def summary(self) -> planning.Summary:
+        """The cluster summary plans are made on: rebuilt on a change at most
+        every ``max_age_s``, except while the one held has no class at all (a
+        replica that just started, its fleet's first fingerprints arriving):
+        every pod would be refused on it."""
+        now = asyncio.get_running_loop().time()
+        held = self._summary
+        if held is None or (self._dirty and (now - self._at >= self.max_age_s or not held.classes)):
+            self._dirty = False
+            self._summary = held = self._parts.summary(self.state.nodes)
+            self._at = now
+        return held
+
+    async def plan(self, request: PlanRequest) -> Plan:
+        """A plan with every outstanding pledge counted; records nothing."""
+        summary = self.summary()
+        if self.pledger is not None:
+            summary = self.pledger.charged(summary)
+        return await self._plan(request, summary)
+
+    async def place(self, request: PlanRequest) -> Plan:
+        """The admission's plan: a non-dry-run one also makes its pledge."""
+        if request.dry_run or self.pledger is None:
+            return await self.plan(request)
+        quoted = await self.quotas.limits(request.namespace) is not None
+        return await self.pledger.place(request, self._plan, quoted=quoted)
+
+    async def _plan(self, request: PlanRequest, summary: planning.Summary) -> Plan:
+        quota = await self.quotas.limits(request.namespace)
+        return planning.plan(
+            request, summary=summary, profiles=self.profiles, quota=quota, spread=self.spread
+        )
+
+    async def spend(self, pod: PodInfo, demand: PlanAnnotation) -> tuple[str, str]:
+        """At bind: the pod's pledge spent (or a fresh one within its quota);
+        ("", pledge id) or (the refusal, "")."""
+        if self.pledger is None:
+            return "", ""
+        quota = await self.quotas.limits(pod.ref.namespace)
+        return await self.pledger.spend(pod.ref, pod.pledge, sizing=demand, quota=quota)
+
+    async def demand(self, pod: PodInfo) -> PlanAnnotation | str:
+        """The pod's device demand: its ``hcs.io/plan`` annotation, or a plan
+        computed from its ``ai.compute/*`` requests; a string is a refusal."""
+        if pod.annotation is not None:
+            return pod.annotation
+        assert pod.requests is not None
+        request = PlanRequest(
+            namespace=pod.ref.namespace,
+            requests=pod.requests,
+            policy=pod.policy,
+            pod_name=pod.ref.name,
+            dry_run=True,
+        )
+        found = await self.plan(request)
+        if not found.ok:
+            return f"hcs: no plan for {pod.ref.namespace}/{pod.ref.name}: {found.reason}"
+        return PlanAnnotation(
+            vendor=found.vendor,
+            model=found.model,
+            devices=found.devices,
+            vram_mib_per_device=found.vram_mib_per_device,
+            whole_device=found.whole_device,
+            acu_per_device=found.acu_per_device,
+        )
+
+
+class PlanService:
+    """Answers ``hcs.place`` and ``hcs.release`` for one replica."""
+
+    def __init__(self, bus: Bus, *, planner: Planner, booker: Booker) -> None:
+        self.bus, self.planner, self.booker = bus, planner, booker
+        self._subs: list[Any] = []
+
+    async def start(self) -> None:
+        self._subs = [
+            await self.bus.serve(
+                subjects.PLACE,
+                PlanRequest,
+                self._place,
+                queue=subjects.PLACE_QUEUE,
+                on_bad=lambda reason: Plan(ok=False, reason=reason),
+                concurrency=PLACE_CONCURRENCY,  # admissions wait on their pledge's write
+            ),
+            await self.bus.serve(
+                subjects.RELEASE,
+                ReleaseRequest,
+                self._release,
+                queue=subjects.PLACE_QUEUE,
+                on_bad=_bad_release,
+            ),
+        ]
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs = []
+
+    async def _place(self, request: PlanRequest) -> Plan:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            plan = await self.planner.place(request)
+        except Exception as exc:  # a plan request must always get an answer
+            _log.error("plan_failed", namespace=request.namespace, error=repr(exc), exc_info=exc)
+            plan = Plan(ok=False, reason=f"hcs: planning failed: {exc!r}")
+        PLAN_SECONDS.record(loop.time() - started, {"ok": str(plan.ok).lower()})
+        return plan
+
+    async def _release(self, request: ReleaseRequest) -> AllocationEvent:
+        event = await self.booker.release(request.pod, reason=request.reason or "release request")
+        if event is None:
+            return AllocationEvent(
+                node="",
+                pod=request.pod,
+                state="released",
+                time_s=0.0,
+                reason="no reservation held for this pod",
+            )
+        return event
+
+
+def _bad_release(reason: str) -> AllocationEvent:
+    return AllocationEvent(
+        node="", pod=PodRef(namespace="", name=""), state="released", time_s=0.0, reason=reason
+    )
+
+
+async def ask_plan(bus: Bus, request: PlanRequest, *, timeout_s: float) -> Plan:
+    """Ask any scheduler replica for a plan (``hcs place``)."""
+    return await bus.request(subjects.PLACE, request, Plan, timeout_s=timeout_s)

@@ -1,0 +1,185 @@
+"""One scheduler replica: the view, the plan service, the extender, the
+release watcher, the Node label watcher and the expiry loop, wired together."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from hcs_bus import streams
+from hcs_bus.bus import Bus
+from hcs_bus.errors import ConfigError, HcsError
+from hcs_bus.profiles import ProfileDB
+from hcs_bus.profiles import load as load_profiles
+from hcs_bus.settings import Settings
+from hcs_bus.telemetry import logger, meter
+from scheduler.console import http as console
+from scheduler.extender import rules as placing
+from scheduler.extender.http import Extender, serve
+from scheduler.ledger import pledge_store as pledging
+from scheduler.ledger import release_loop as watching
+from scheduler.ledger.pledge_store import Pledger
+from scheduler.ledger.reservation_store import Booker, Kube
+from scheduler.plan.service import Planner, PlanService
+from scheduler.quota.source import QuotaSource, UsedWriter, used_by_namespace
+from scheduler.replan import loop as stranding
+from scheduler.replan.pending_pods import PendingPods
+from scheduler.view import gauge_meters as gauging
+from scheduler.view.follow_loop import ClusterView
+from scheduler.view.state import ClusterState
+
+_log = logger("hcs.scheduler")
+TYPICAL_REQUEST_MIB = 8192
+SETTLE_S = 5.0  # longest a stopping replica spends writing its deferred marks
+_states: weakref.WeakSet[ClusterState] = weakref.WeakSet()
+
+
+def _fragmentation(_options: CallbackOptions) -> Iterable[Observation]:
+    for state in list(_states):
+        nodes = state.nodes.values()
+        yield Observation(placing.fragmentation(nodes, piece_mib=TYPICAL_REQUEST_MIB))
+
+
+meter("hcs.scheduler").create_observable_gauge(
+    "hcs_scheduler_fragmentation",
+    callbacks=[_fragmentation],
+    description=f"share of free VRAM in pieces under {TYPICAL_REQUEST_MIB} MiB",
+)
+
+
+@dataclass
+class Scheduler:
+    view: ClusterView
+    planner: Planner
+    booker: Booker
+    service: PlanService
+    extender: Extender
+    runner: web.AppRunner | None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    strands: stranding.Stranding | None = None  # with a cluster only
+
+    @property
+    def port(self) -> int | None:
+        if self.runner is None:
+            return None
+        for address in self.runner.addresses:
+            return int(address[1])
+        return None
+
+    async def stop(self) -> None:
+        from hcs_bus import tasks
+
+        running, self.tasks = self.tasks, []
+        await tasks.stop(*running)
+        await self.service.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        try:  # the marks of pods bound last: written now, not left to expiry
+            async with asyncio.timeout(SETTLE_S):
+                await self.booker.settle()
+        except (TimeoutError, HcsError) as exc:
+            _log.warning("marks_not_settled", error=repr(exc))
+        await self.view.stop()
+
+
+def profile_db() -> ProfileDB:
+    try:
+        return load_profiles()
+    except (ConfigError, OSError) as exc:
+        _log.warning("profiles_unavailable", error=str(exc))
+        return ProfileDB(())
+
+
+async def run(
+    bus: Bus,
+    kube: Kube | None,
+    settings: Settings,
+    *,
+    profiles: ProfileDB | None = None,
+    http: bool = True,
+    summary_max_age_s: float = 0.5,
+) -> Scheduler:
+    """Start a replica; ``stop()`` on the result ends it."""
+    from hcs_bus import tasks
+
+    cfg = settings.scheduler
+    view = ClusterView(bus, settings=cfg)
+    if kube is not None:
+        view.nodes_synced = asyncio.Event()
+    _states.add(view.state)
+    gauging.watch(view.state)
+    replica = cfg.replica_id or f"{socket.gethostname()}:{os.getpid()}"
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    ckpt = await bus.js.key_value(streams.KV_CKPT)
+    booker = Booker(bus, kv=kv, ckpt=ckpt, state=view.state, kube=kube, replica=replica)
+    quotas = QuotaSource(kube=kube, file=cfg.quota_file)
+    planner = Planner(
+        view.state,
+        profiles=profiles or profile_db(),
+        quotas=quotas,
+        max_age_s=summary_max_age_s,
+        spread=cfg.placement == "spread",
+    )
+    view.listeners.append(planner.changed)
+    pledger = Pledger(
+        kv=kv,
+        summary=planner.summary,
+        ttl_s=cfg.pledge_ttl_s,
+        pods=(lambda ns: kube.list_pods(namespace=ns, cached=True)) if kube is not None else None,
+    )
+    view.key_listeners.append(pledger.apply)
+    gauging.watch_pledges(pledger)
+    planner.pledger, booker.spend, booker.unpledge = pledger, planner.spend, pledger.release
+    extender = Extender(
+        view,
+        planner=planner,
+        booker=booker,
+        kube=kube,
+        weights=placing.Weights.from_settings(cfg),
+        pick_in_filter=cfg.pick_in_filter,
+    )
+    if kube is not None:  # no bind before every pod bound by HCS holds its devices
+        view.before_ready.append(lambda: watching.first_reconcile(kube, booker))
+    await view.start()
+    service = PlanService(bus, planner=planner, booker=booker)
+    await service.start()
+    runner = None
+    if http:
+        app = extender.app()
+        console.mount(app, console.Console(view, bus=bus, profiles=planner.profiles, quotas=quotas))
+        runner = await serve(app, host=cfg.extender_host, port=cfg.extender_port)
+    running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
+    running.append(tasks.start(pledging.sweep_loop(pledger), name="pledge-sweep"))
+    strands = None
+    if kube is not None:
+        scheduler_name = settings.injector.scheduler_name
+        pending = PendingPods(scheduler_name=scheduler_name)  # the watch keeps, the scan reads
+        watch = watching.watch_pods(kube, booker, scheduler_name=scheduler_name, pending=pending)
+        running.append(tasks.start(watch, name="pod-watch"))
+        running.append(tasks.start(watching.watch_nodes(kube, view), name="node-watch"))
+        used = UsedWriter(
+            kube=kube,
+            quotas=quotas,
+            used=lambda: used_by_namespace(
+                (r for n in view.state.nodes.values() for r in n.reservations.values()),
+                pledger.by_namespace(fresh=True),
+            ),
+        )
+        running.append(tasks.start(used.run(), name="quota-used"))
+        reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)
+        running.append(tasks.start(reconciling, name="pod-reconcile"))
+        strands = stranding.of_settings(
+            kube=kube, planner=planner, settings=settings, replica=replica, pending_pods=pending
+        )
+        running.append(tasks.start(strands.run(ready=view.ready), name="stranding"))
+    _log.info("scheduler_started", replica=replica, cluster=kube is not None)
+    return Scheduler(view, planner, booker, service, extender, runner, running, strands)

@@ -1,0 +1,245 @@
+"""Mirror each node's latest fingerprint and health verdict into ComputeNode
+status, so ``kubectl get computenodes`` shows the fleet.
+
+* ``node_status(fp, verdict=...)`` — pure: NodeFingerprint (+ the latest
+  healer verdict) → the ``status`` dict of a ComputeNode (CRD schema in
+  ``deploy/base/crds/computenodes.yaml``).
+* ``Mirror`` — replays ``HCS_FP`` (last per node) and ``HCS_HEALTH`` (verdicts)
+  and writes at most one status per node per ``min_interval_s``; the latest
+  state always gets written (a newer one replaces a pending one).
+* ``python -m scheduler.report.computenode_loop`` — runs it (Deployment ``hcs-mirror``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from nats.js.api import DeliverPolicy
+
+from hcs_bus import streams, subjects, tasks
+from hcs_bus.bus import Bus, Consumer, Delivery, connect
+from hcs_bus.errors import KubeError
+from hcs_bus.messages import HealthEvent, NodeFingerprint
+from hcs_bus.ordering import FingerprintOrder
+from hcs_bus.telemetry import logger
+from hcs_bus.units import format_mib
+from scheduler.view import outages
+
+_log = logger("hcs.mirror")
+HEALTH_RANK = {"healthy": 0, "degraded": 1, "failed": 2}
+
+
+class StatusWriter(Protocol):
+    async def patch_compute_node_status(self, name: str, status: dict[str, Any]) -> Any: ...
+
+
+def _iso(time_s: float) -> str:
+    moment = datetime.datetime.fromtimestamp(time_s, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _device_health(score: int, error: str | None) -> str:
+    if error or score <= 0:
+        return "failed"
+    return "healthy" if score >= 80 else "degraded"
+
+
+def _verdict_status(verdict: HealthEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "verdict": verdict.verdict or "unknown",
+        "kind": verdict.kind,
+        "message": verdict.message,
+        "time": _iso(verdict.time_s),
+    }
+    if verdict.device is not None:
+        out["device"] = verdict.device
+    return out
+
+
+def node_status(
+    fp: NodeFingerprint,
+    *,
+    verdict: HealthEvent | None = None,
+    out: Mapping[int, outages.Outage] | None = None,
+) -> dict[str, Any]:
+    """The ComputeNode status for a node's fingerprint, its latest verdict and
+    the devices the healer holds out (``scheduler.view.outages``).
+
+    Health is the node verdict when the healer judged the whole node, else the
+    worst of the devices' (a device verdict lowers its device's health).
+    """
+    out = out or {}
+    devices = []
+    for d in fp.devices:
+        health = _device_health(d.health_score, d.error)
+        if verdict and verdict.verdict and verdict.device == d.index:
+            health = verdict.verdict
+        if d.index in out:
+            health = "failed"
+        entry: dict[str, Any] = {
+            "index": d.index,
+            "uuid": d.uuid,
+            "model": d.model,
+            "vram": format_mib(d.vram_total_mib),
+            "vramFree": format_mib(d.vram_free_mib),
+            "acu": round(d.compute.acu, 1),
+            "health": health,
+            "healthScore": d.health_score,
+        }
+        if d.error:
+            entry["error"] = d.error
+        devices.append(entry)
+    if verdict and verdict.verdict and verdict.device is None:
+        health = verdict.verdict
+    elif devices:
+        health = max((e["health"] for e in devices), key=lambda h: HEALTH_RANK.get(h, 0))
+    else:
+        health = "unknown"
+    status: dict[str, Any] = {
+        "vendor": ",".join(sorted({d.vendor for d in fp.devices})),
+        "model": ",".join(sorted({d.model for d in fp.devices})),
+        "devices": len(fp.devices),
+        "vram": format_mib(sum(d.vram_total_mib for d in fp.devices)),
+        "vramFree": format_mib(sum(d.vram_free_mib for d in fp.devices)),
+        "acu": round(sum(d.compute.acu for d in fp.devices), 1),
+        "health": health,
+        "simulated": fp.simulated,
+        "agentVersion": fp.agent_version,
+        "observedSeq": fp.seq,
+        "lastReport": _iso(fp.time_s),
+        "deviceList": devices,
+        "devicesOut": outages.entries(out, fp.devices),  # [] clears it (merge patch)
+    }
+    if verdict is not None:
+        status["lastVerdict"] = _verdict_status(verdict)
+    return status
+
+
+@dataclass
+class Mirror:
+    """Writes ComputeNode status from the bus, at most once per node per interval."""
+
+    bus: Bus
+    kube: StatusWriter
+    min_interval_s: float = 10.0
+    fingerprints: dict[str, NodeFingerprint] = field(default_factory=dict)
+    verdicts: dict[str, HealthEvent] = field(default_factory=dict)
+    outs: dict[str, dict[int, outages.Outage]] = field(default_factory=dict)
+    written: dict[str, float] = field(default_factory=dict)
+    writes: int = 0
+    order: FingerprintOrder = field(default_factory=FingerprintOrder)
+    _dirty: set[str] = field(default_factory=set)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        fp: Consumer[NodeFingerprint] = Consumer(
+            self.bus,
+            stream=streams.FP,
+            kind=NodeFingerprint,
+            handle=self._on_fps,
+            filter_subject=subjects.FP_ALL,
+            deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_all=True,
+        )
+        health: Consumer[HealthEvent] = Consumer(
+            self.bus,
+            stream=streams.HEALTH,
+            kind=HealthEvent,
+            handle=self._on_health,
+            filter_subject=subjects.HEALTH_ALL,
+            deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_all=True,
+        )
+        for name, consumer in (("fp", fp), ("health", health)):
+            await consumer.start()
+            self._tasks.append(tasks.start(consumer.run(), name=f"mirror:{name}"))
+        self._tasks.append(tasks.start(self._write_loop(), name="mirror:write"))
+
+    async def stop(self) -> None:
+        await tasks.stop(*self._tasks)
+        self._tasks.clear()
+
+    async def _on_fps(self, items: list[Delivery[NodeFingerprint]]) -> None:
+        for item in items:
+            if self.order.admit(item.value):  # an older (boot, seq) is ignored
+                self.fingerprints[item.value.node] = item.value
+                self._mark(item.value.node)
+
+    async def _on_health(self, items: list[Delivery[HealthEvent]]) -> None:
+        for item in items:
+            event = item.value
+            # a healer event reaches here only from the healer's subject (hcs_bus.identity)
+            if event.source == "healer" and event.verdict is not None:
+                self.verdicts[event.node] = event
+                self.outs[event.node] = outages.track(self.outs.get(event.node, {}), event)
+                self._mark(event.node)
+
+    def _mark(self, node: str) -> None:
+        self._dirty.add(node)
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            now = loop.time()
+            due = [
+                n for n in self._dirty if now - self.written.get(n, -1e18) >= self.min_interval_s
+            ]
+            for node in due:
+                self._dirty.discard(node)
+                await self._write(node, now=now)
+            if self._dirty:
+                # a node first marked while a write was awaited has no `written` yet: due now
+                wait_s = min(self.written.get(n, now) + self.min_interval_s for n in self._dirty)
+                wait_s -= now
+                loop.call_later(max(wait_s, 0.0), self._wake.set)
+
+    async def _write(self, node: str, *, now: float) -> None:
+        fp = self.fingerprints.get(node)
+        if fp is None:
+            return  # a verdict before any fingerprint: written with the first one
+        self.written[node] = now
+        try:
+            await self.kube.patch_compute_node_status(
+                node, node_status(fp, verdict=self.verdicts.get(node), out=self.outs.get(node))
+            )
+            self.writes += 1
+        except KubeError as exc:
+            _log.warning("computenode_write_failed", node=node, error=str(exc))
+            self._mark(node)
+
+
+async def _main() -> None:
+    from hcs_bus import kube as kube_module
+    from hcs_bus import settings as settings_module
+    from hcs_bus.telemetry import configure
+    from scheduler.report.usage_service import Meter
+
+    settings = settings_module.load()
+    configure(settings.telemetry, service="hcs-mirror")
+    kube = await kube_module.connect(settings.kube)
+    if kube is None:
+        _log.error("mirror_needs_kubernetes")
+        return
+    bus = await connect(settings.bus, name="hcs-mirror")
+    mirror = Mirror(bus, kube)
+    await mirror.start()
+    meter = Meter(bus, kube)  # usage metering: ComputeQuota status.usage, counters, alerts
+    await meter.start()
+    tasks.long_lived()
+    await tasks.stop_event().wait()
+    await meter.stop()
+    await mirror.stop()
+    await kube.close()
+    await bus.drain()
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())
