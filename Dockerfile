@@ -20,7 +20,7 @@ WORKDIR /src
 COPY interceptor_c/ interceptor_c/
 COPY ebpf/ ebpf/
 COPY agents/probes/xid_severity.json agents/probes/xid_severity.json
-# vmlinux.h is generated from the build host's BTF (DESIGN §5); pass another
+# vmlinux.h is generated from the build host's BTF (docs/architecture.md#testing); pass another
 # BTF file with --build-arg VMLINUX=... when the builder's kernel has none.
 ARG VMLINUX=/sys/kernel/btf/vmlinux
 RUN rm -rf interceptor_c/build ebpf/build \

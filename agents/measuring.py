@@ -26,7 +26,7 @@ from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import logger
 
 _log = logger("hcs.agent.measuring")
-REFERENCE_TFLOPS_FP16 = 312.0  # A100-80G dense FP16: 1 ACU = 1 % of it (DESIGN §3)
+REFERENCE_TFLOPS_FP16 = 312.0  # A100-80G dense FP16, 100 ACU (docs/architecture.md#compute-units)
 # A device is measured only while nobody computes on it: busier than this, or
 # holding more than its driver and firmware do (an idle H100 holds 0.5 GiB of
 # 80, an idle Ascend 910B 3.1 GiB of 64), it would measure its tenants.

@@ -55,6 +55,13 @@ class Outbox:
         self.dropped[oldest.kind] += 1
         return oldest
 
+    def discard(self, subject: str, kind: Kind) -> int:
+        """Remove every queued ``kind`` item for ``subject``; how many there were."""
+        kept = deque(i for i in self.items if i.subject != subject or i.kind != kind)
+        gone = len(self.items) - len(kept)
+        self.items = kept
+        return gone
+
     def peek(self) -> Item | None:
         return self.items[0] if self.items else None
 

@@ -143,7 +143,8 @@ async def bench_plans(
     async def worker(n: int) -> None:
         for _ in range(n):
             t0 = time.perf_counter()
-            plan = await bus.request(subjects.PLACE, request, Plan, timeout_s=5)
+            subject = subjects.place(dry_run=request.dry_run)
+            plan = await bus.request(subject, request, Plan, timeout_s=5)
             latencies.append(time.perf_counter() - t0)
             assert plan.ok, plan.reason
 

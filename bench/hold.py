@@ -69,7 +69,9 @@ def hcs_pod(vendor: str, ctx: mutating.Context) -> dict[str, Any]:
     pod = burst_pod("x", Kind("vram", 100, {"ai.compute/vram": VRAM}))
     demand = demands.read(pod)
     assert demand is not None
-    note = PlanNote(vendor=vendor, model="m", devices=1, vram_mib_per_device=16384)
+    note = PlanNote(
+        vendor=vendor, model="m", devices=1, vram_mib_per_device=16384, whole_device=False
+    )
     mutation = mutating.mutate(
         pod,
         demand=demand,

@@ -34,11 +34,11 @@ from aiohttp import web
 from bench.fleets import of_profile
 from hcs_bus import subjects
 from hcs_bus.bus import connect
+from hcs_bus.certs import DevCerts, make_dev_certs
 from hcs_bus.messages import NodeFingerprint, Plan, PlanRequest
 from hcs_bus.natsserver import NatsServer
 from hcs_bus.settings import BusSettings, Settings, TelemetrySettings, replace
 from hcs_bus.telemetry import configure
-from injector.certs import DevCerts, make_dev_certs
 from injector.serving import Injector
 
 CLASSES = (

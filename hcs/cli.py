@@ -1,6 +1,7 @@
 """The ``hcs`` command line: the composition root above every part.
 
-    hcs up [--for S] [--fleet FILE] [--extender H:P] [--webhook H:P] [--state-dir DIR]
+    hcs up [--for S] [--fleet FILE] [--extender H:P] [--webhook H:P] [--console H:P]
+           [--state-dir DIR]
     hcs top [--once] [--json]
     hcs bus init [--replicas N]
     hcs models [--vendor V] [--json]
@@ -10,7 +11,7 @@
     hcs place --vram 16Gi [--tflops-fp16 N] [--acu N] [--devices N] [--vendors a,b] …
     hcs watch 'hcs.health.*' [--count N]
     hcs usage [--namespace N] [--since 24h] [--json]
-    hcs certs --out DIR --dns NAME…
+    hcs certs --out DIR --dns NAME… [--client NAME]
     hcs completion bash|zsh|tcsh
 
 Global options (``--nats-url``, ``--config``, ``--connect-timeout``) go before
@@ -192,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="IP addresses the certificate is for (default: 127.0.0.1)",
     )
+    certs.add_argument(
+        "--client",
+        type=flags.dns_name,
+        metavar="NAME",
+        help="also a client certificate for NAME (its Common Name), signed by the same CA",
+    )
 
     completion = command("completion", "print a shell completion script")
     completion.add_argument(
@@ -230,6 +237,13 @@ def _up_flags(up: argparse.ArgumentParser) -> None:
         type=flags.host_port,
         metavar="HOST:PORT",
         help="where the injector's webhook listens (default: 127.0.0.1:8443)",
+    )
+    up.add_argument(
+        "--console",
+        default="127.0.0.1:8889",
+        type=flags.host_port,
+        metavar="HOST:PORT",
+        help="where the web console listens (default: 127.0.0.1:8889)",
     )
     up.add_argument(
         "--state-dir",
@@ -419,6 +433,7 @@ async def _up(args: argparse.Namespace, settings: Settings) -> int:
         for_s=args.for_s,
         extender=await _bind_address(args.extender, flag="--extender"),
         webhook=await _bind_address(args.webhook, flag="--webhook"),
+        console=await _bind_address(args.console, flag="--console"),
         state_dir=args.state_dir,
         demo_job=args.demo_job,
     )

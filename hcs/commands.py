@@ -167,13 +167,14 @@ async def watch(bus: Bus, subject: str, *, count: int | None) -> int:
 
 
 def certs(args: argparse.Namespace) -> int:
-    from injector.certs import make_dev_certs
+    from hcs_bus.certs import make_dev_certs
 
     try:
-        made = make_dev_certs(args.out, dns=list(args.dns), ips=list(args.ip))
+        made = make_dev_certs(args.out, dns=list(args.dns), ips=list(args.ip), client=args.client)
     except OSError as exc:
         where = exc.filename or args.out
         raise ConfigError(f"hcs certs: --out: cannot write {where}: {exc.strerror or exc}") from exc
-    print(f"wrote {args.out}: ca.crt, tls.crt, tls.key")
+    extra = ", client.crt, client.key" if args.client else ""
+    print(f"wrote {args.out}: ca.crt, tls.crt, tls.key{extra}")
     print(f"caBundle: {made.ca_bundle_b64}")
     return 0

@@ -6,7 +6,8 @@ HCS parts exactly as those would:
 * as kube-apiserver: it sends the pod's ``AdmissionReview`` to the injector's
   webhook (HTTPS) and applies the returned JSONPatch;
 * as kube-scheduler: it calls the extender's ``/filter``, ``/prioritize`` and
-  ``/bind`` with ``ExtenderArgs`` documents;
+  ``/bind`` with ``ExtenderArgs`` documents, over HTTPS with kube-scheduler's
+  client certificate;
 * as the training code: it reports a checkpoint every few seconds through
   ``hcs_bus.checkpoint.report``;
 * as the kubelet carrying out an eviction: when the healer's action names
@@ -82,12 +83,16 @@ class DemoJob:
     webhook_url: str
     extender_url: str
     ca_file: Path
+    client_cert_file: Path | None = None  # kube-scheduler's, for the extender
+    client_key_file: Path | None = None
     spec: DemoSpec = field(default_factory=DemoSpec)
     attempts: list[Attempt] = field(default_factory=list)
     step: int = 0
 
     async def run(self) -> None:
         ssl_context = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.client_cert_file is not None:  # sent only to a server that asks for it
+            ssl_context.load_cert_chain(self.client_cert_file, self.client_key_file)
         connector = aiohttp.TCPConnector(ssl=ssl_context)
         async with aiohttp.ClientSession(connector=connector) as http:
             evicted = asyncio.Event()
@@ -129,7 +134,7 @@ class DemoJob:
         )
         while True:
             try:
-                plan = await self.bus.request(subjects.PLACE, request, Plan, timeout_s=1.0)
+                plan = await self.bus.request(subjects.PLACE_DRY, request, Plan, timeout_s=1.0)
             except (TimeoutError, HcsError):
                 plan = None
             if plan is not None and plan.ok:

@@ -3,8 +3,12 @@
 Starts ``nats-server -js`` in a temporary directory on a free port (or uses
 ``--nats-url``), initialises the streams, then runs every part as its own
 process, as in a cluster: the simulated fleet (agents), the scheduler with
-its extender, the injector's webhook with development certificates, and the
-healer (dry-run unless a cluster is configured). It shows ``hcs top`` while it
+its extender and console, the injector's webhook, and the healer (dry-run
+unless a cluster is configured). No setup: a throw-away CA in the state
+folder's ``certs/`` signs the webhook's and the extender's serving
+certificate and kube-scheduler's client certificate (``client.crt``: the
+extender takes binds over mutual TLS only, as in a cluster), and a fresh
+console token is printed in the console's URL. It shows ``hcs top`` while it
 runs (progress lines when stdout is not a terminal). ``--for`` stops it after
 that long; Ctrl-C / SIGTERM stop everything, leaving no process behind.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -34,6 +39,7 @@ from hcs_bus.telemetry import logger
 from scheduler.view.follow_loop import ClusterView
 
 _log = logger("hcs.up")
+KUBE_SCHEDULER = "hcs-kube-scheduler"  # the Common Name of kube-scheduler's client certificate
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class UpOptions:
     webhook: str
     state_dir: Path | None
     demo_job: bool = True
+    console: str = "127.0.0.1:8889"
 
 
 @dataclass
@@ -71,9 +78,17 @@ def part_env(settings: Settings, *, certs_dir: Path | None) -> dict[str, str]:
     env["HCS_SCHEDULER__EXTENDER_PORT"] = str(settings.scheduler.extender_port)
     env["HCS_INJECTOR__HOST"] = settings.injector.host
     env["HCS_INJECTOR__PORT"] = str(settings.injector.port)
+    env["HCS_SCHEDULER__CONSOLE_HOST"] = settings.scheduler.console_host
+    env["HCS_SCHEDULER__CONSOLE_PORT"] = str(settings.scheduler.console_port)
+    if settings.scheduler.console_token_file:
+        env["HCS_SCHEDULER__CONSOLE_TOKEN_FILE"] = settings.scheduler.console_token_file
     if certs_dir is not None:
         env["HCS_INJECTOR__CERT_FILE"] = str(certs_dir / "tls.crt")
         env["HCS_INJECTOR__KEY_FILE"] = str(certs_dir / "tls.key")
+        env["HCS_SCHEDULER__EXTENDER_CERT_FILE"] = str(certs_dir / "tls.crt")
+        env["HCS_SCHEDULER__EXTENDER_KEY_FILE"] = str(certs_dir / "tls.key")
+        env["HCS_SCHEDULER__EXTENDER_CLIENT_CA_FILE"] = str(certs_dir / "ca.crt")
+        env["HCS_SCHEDULER__EXTENDER_CLIENT_NAMES"] = KUBE_SCHEDULER
     return env
 
 
@@ -95,9 +110,15 @@ async def run(settings: Settings, options: UpOptions) -> int:
     )  # a bad fleet is one clear line and exit 2, before anything starts
     ext_host, ext_port = _host_port(options.extender, what="--extender")
     wh_host, wh_port = _host_port(options.webhook, what="--webhook")
+    console_host, console_port = _host_port(options.console, what="--console")
     settings = replace(
         settings,
-        scheduler={"extender_host": ext_host, "extender_port": ext_port},
+        scheduler={
+            "extender_host": ext_host,
+            "extender_port": ext_port,
+            "console_host": console_host,
+            "console_port": console_port,
+        },
         injector={"host": wh_host, "port": wh_port},
     )
     failures: list[str] = []
@@ -134,7 +155,11 @@ async def _run_stack(
 ) -> int:
     bus = await connect(settings.bus, name="hcs-up")
     await streams.init(bus, settings.bus)
-    certs_dir = _dev_certs(state_dir / "certs", host=settings.injector.host)
+    certs_dir = _dev_certs(
+        state_dir / "certs", hosts={settings.injector.host, settings.scheduler.extender_host}
+    )
+    token_file = _console_token(certs_dir / "console-token")
+    settings = replace(settings, scheduler={"console_token_file": str(token_file)})
     env = part_env(settings, certs_dir=certs_dir)
     running = parts(options)
     stop = tasks.stop_event()
@@ -148,7 +173,9 @@ async def _run_stack(
                 stderr=_log_file(state_dir, part.name),
             )
             _log.info("part_started", part=part.name, pid=part.process.pid)
-        _print_endpoints(settings, state_dir=state_dir, certs_dir=certs_dir)
+        _print_endpoints(
+            settings, state_dir=state_dir, certs_dir=certs_dir, token=token_file.read_text()
+        )
         _print_metrics(running)
         from hcs.cli import show_top  # the live view shares code with `hcs top`
 
@@ -165,9 +192,11 @@ async def _run_stack(
                 bus=bus,
                 state=view.state,
                 webhook_url=f"https://{settings.injector.host}:{settings.injector.port}/mutate",
-                extender_url=f"http://{settings.scheduler.extender_host}:"
+                extender_url=f"https://{settings.scheduler.extender_host}:"
                 f"{settings.scheduler.extender_port}",
                 ca_file=certs_dir / "ca.crt",
+                client_cert_file=certs_dir / "client.crt",
+                client_key_file=certs_dir / "client.key",
             )
             background.append(tasks.start(job.run(), name="up:demo-job"))
         with contextlib.suppress(TimeoutError):
@@ -184,12 +213,23 @@ async def _run_stack(
         await bus.nc.close()
 
 
-def _dev_certs(out: Path, *, host: str) -> Path:
-    from injector.certs import make_dev_certs
+def _dev_certs(out: Path, *, hosts: set[str]) -> Path:
+    """A throw-away CA, one serving certificate for the webhook and the
+    extender, and kube-scheduler's client certificate (the demo job's)."""
+    from hcs_bus.certs import make_dev_certs
 
     names = ["localhost", "hcs-injector.hcs-system.svc"]
-    make_dev_certs(out, dns=names, ips=["127.0.0.1", host] if host != "127.0.0.1" else [host])
+    ips = ["127.0.0.1", *sorted(hosts - {"127.0.0.1"})]
+    make_dev_certs(out, dns=names, ips=ips, client=KUBE_SCHEDULER)
     return out
+
+
+def _console_token(path: Path) -> Path:
+    """A fresh console token in ``path`` (0600), for this run only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(24))
+    return path
 
 
 def _log_file(state_dir: Path, name: str) -> int:
@@ -198,17 +238,19 @@ def _log_file(state_dir: Path, name: str) -> int:
     return os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
-def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path) -> None:
+def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path, token: str) -> None:
     s = settings
     print(
-        f"hcs up: NATS {redact_url(s.bus.url)} | extender http://{s.scheduler.extender_host}:"
-        f"{s.scheduler.extender_port}/{{filter,prioritize,bind,preempt}} | webhook "
+        f"hcs up: NATS {redact_url(s.bus.url)} | extender https://{s.scheduler.extender_host}:"
+        f"{s.scheduler.extender_port}/{{filter,prioritize,bind,preempt}} (mutual TLS: "
+        f"kube-scheduler's client certificate {certs_dir / 'client.crt'}) | webhook "
         f"https://{s.injector.host}:{s.injector.port}/mutate (CA {certs_dir / 'ca.crt'}) | "
         f"logs {state_dir / 'logs'} | alerts: hcs watch 'hcs.health.*' --nats-url {redact_url(s.bus.url)}",
         flush=True,
     )
-    console = f"http://{s.scheduler.extender_host}:{s.scheduler.extender_port}/console/"
-    print(f"hcs up: console {console} (read-only, live)", flush=True)
+    host = s.scheduler.console_host
+    console = f"http://{host}:{s.scheduler.console_port}/console/?token={token}"
+    print(f"hcs up: console {console} (read-only, live; the token is this run's)", flush=True)
 
 
 def _print_metrics(running: list[Part]) -> None:

@@ -6,6 +6,13 @@
   and a W3C ``traceparent``; retried with the same id until acked.
 * ``Bus.publish_window`` — windowed async publish for hot paths.
 * ``Bus.request`` / ``Bus.serve`` — core request-reply (admission path).
+  A service answers only into an inbox (``subjects.is_inbox``): a request
+  whose reply subject is anything else (a stream's subject, a bucket key,
+  the JetStream API) is dropped unhandled, logged once and counted
+  (``hcs_bus_replies_refused``), so no requester can make a service write
+  where it may and the requester may not. Answers never echo the request's
+  headers (a rollup or KV-Operation header is the requester's to set on
+  its own publishes, not on ours).
 * ``Consumer`` / ``Follower`` (``hcs_bus.consuming``, re-exported here) —
   pull batches / an ordered replay; handlers get decoded messages only;
   poison goes to ``hcs.dlq.<subject>`` once per stream sequence
@@ -31,13 +38,14 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
+from nats.js.errors import BadRequestError
 
-from hcs_bus import messages
+from hcs_bus import messages, subjects
 from hcs_bus.deadletters import DEAD_LETTERS, DeadLetters, family
-from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
+from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable, StaleWrite
 from hcs_bus.redacting import redact_text, redact_url
 from hcs_bus.settings import BusSettings
-from hcs_bus.telemetry import TRACEPARENT, inject_headers, logger, meter, span
+from hcs_bus.telemetry import TRACEPARENT, inject_headers, logger, meter, span, zero_init
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,6 +55,21 @@ _meter = meter("hcs.bus")
 PUBLISHED = _meter.create_counter("hcs_bus_published", description="messages published")
 
 MSG_ID = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code: the subject's last sequence differs
+SENDER = "Hcs-Sender"  # the requester's connection name, as it says (for logs; not proof)
+REFUSED_REASONS = ("no_reply", "not_inbox")
+REPLIES_REFUSED = zero_init(
+    _meter.create_counter(
+        "hcs_bus_replies_refused",
+        description="requests left unanswered: their reply subject is not an inbox",
+    ),
+    *(
+        {"subject": served, "reason": reason}
+        for served in (subjects.PLACE, subjects.PLACE_DRY, subjects.RELEASE)
+        for reason in REFUSED_REASONS
+    ),
+)
 
 
 async def connect(
@@ -174,6 +197,7 @@ class Bus:
         timeout_s: float = 2.0,
         attempts: int | None = 5,
         traceparent: str | None = None,
+        expect_last_subject_seq: int | None = None,
     ) -> int:
         """Publish into a stream and wait for the ack; retry with the same id.
 
@@ -181,11 +205,16 @@ class Bus:
         use their own buffer instead). Returns the stream sequence. The trace
         context is the current span's, or ``traceparent`` (a message queued
         earlier, published later, keeps the trace it was queued in).
+        ``expect_last_subject_seq``: store it only if the subject's last
+        stream sequence is that (0: none), else ``StaleWrite``; a retry
+        the server already stored is acked as its duplicate first.
         """
         data = messages.encode(message)
         headers = inject_headers({MSG_ID: msg_id})
         if traceparent:
             headers[TRACEPARENT] = traceparent
+        if expect_last_subject_seq is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expect_last_subject_seq)
         tried = 0
         while True:
             tried += 1
@@ -199,6 +228,12 @@ class Bus:
                 await asyncio.sleep(min(0.1 * 2**tried, 2.0))
             except nats.errors.ConnectionClosedError as exc:
                 raise BusUnavailable(f"publish to {subject}: connection closed") from exc
+            except BadRequestError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE:
+                    raise
+                found = (exc.description or "").rpartition(":")[2].strip()
+                last = int(found) if found.isdigit() else -1
+                raise StaleWrite(f"publish to {subject}: {exc.description}", last_seq=last) from exc
 
     async def publish_window(
         self, items: Iterable[tuple[str, msgspec.Struct, str]], *, window: int = 1000
@@ -221,6 +256,9 @@ class Bus:
         retried until the budget is spent, never answered at once.
         """
         headers = inject_headers({})
+        name = getattr(self.nc, "options", {}).get("name")
+        if name:
+            headers[SENDER] = str(name)
         data = messages.encode(message)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -250,11 +288,19 @@ class Bus:
         on_bad: Callable[[str], msgspec.Struct],
         concurrency: int = 1,
     ) -> Any:
-        """Answer requests on ``subject`` in a queue group. A request that does
-        not decode is answered with ``on_bad(reason)`` and counted; a handler
-        that raises is answered with ``on_bad(reason)`` too, never left to
-        time out. ``concurrency`` > 1: up to that many handlers at once (for
-        handlers that wait on I/O), else one after the other."""
+        """Answer requests on ``subject`` in a queue group. A request whose
+        reply subject is not an inbox is dropped before it is decoded or
+        handled (``_refused``). A request that does not decode is answered
+        with ``on_bad(reason)`` and counted; a handler that raises is answered
+        with ``on_bad(reason)`` too, never left to time out. ``concurrency``
+        > 1: up to that many handlers at once (for handlers that wait on
+        I/O), else one after the other."""
+
+        async def answer_with(msg: Msg, answer: msgspec.Struct) -> None:
+            try:  # no headers: the request's are not ours to repeat
+                await self.nc.publish(msg.reply, messages.encode(answer))
+            except Exception as exc:  # a closed connection must not end the service
+                _log.warning("reply_failed", subject=subject, error=redact_text(repr(exc)))
 
         async def respond(msg: Msg) -> None:
             try:
@@ -262,7 +308,7 @@ class Bus:
             except Exception as exc:  # hostile bytes raise more than MsgspecError
                 DEAD_LETTERS.add(1, {"subject_family": family(subject)})
                 _log.warning("bad_request", subject=subject, error=str(exc))
-                await msg.respond(messages.encode(on_bad(f"bad request: {exc}")))
+                await answer_with(msg, on_bad(f"bad request: {exc}"))
                 return
             try:
                 with span(f"serve {subject}", headers=msg.headers):
@@ -270,10 +316,15 @@ class Bus:
             except Exception as exc:  # the asker gets a reason now, not a timeout later
                 _log.error("request_failed", subject=subject, error=repr(exc), exc_info=exc)
                 answer = on_bad(f"failed: {exc!r}")
-            await msg.respond(messages.encode(answer))
+            await answer_with(msg, answer)
 
         if concurrency <= 1:
-            return await self.nc.subscribe(subject, queue=queue, cb=respond)
+
+            async def one(msg: Msg) -> None:
+                if not _refused(subject, msg):
+                    await respond(msg)
+
+            return await self.nc.subscribe(subject, queue=queue, cb=one)
         slots = asyncio.Semaphore(concurrency)
         running: set[asyncio.Task[None]] = set()
 
@@ -282,6 +333,8 @@ class Bus:
             slots.release()
 
         async def spawn(msg: Msg) -> None:
+            if _refused(subject, msg):
+                return
             await slots.acquire()
             task = asyncio.create_task(respond(msg), name=f"serve {subject}")
             running.add(task)
@@ -298,6 +351,26 @@ class Bus:
         if not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
+
+
+def _refused(subject: str, msg: Msg) -> bool:
+    """Whether a request on ``subject`` must go unanswered (its reply subject
+    is not an inbox); if so it is counted and logged once, with who it says
+    it is from."""
+    reply = msg.reply or ""
+    if subjects.is_inbox(reply):
+        return False
+    reason = "not_inbox" if reply else "no_reply"
+    REPLIES_REFUSED.add(1, {"subject": subject, "reason": reason})
+    sender = (msg.headers or {}).get(SENDER, "")
+    _log.warning(
+        "reply_refused",
+        subject=subject,
+        reply=reply[:256],
+        sender=sender[:128],
+        reason=reason,
+    )
+    return True
 
 
 def _url(nc: Client) -> str:

@@ -1,4 +1,4 @@
-"""Checkpoint reporting for training code and sidecars (DESIGN §1).
+"""Checkpoint reporting for training code and sidecars (docs/architecture.md#subjects).
 
 ``report`` stores a job's latest checkpoint in KV ``hcs_ckpt`` under
 ``subjects.ckpt_key(namespace, job)`` and announces it on
@@ -26,18 +26,17 @@ import time
 from dataclasses import dataclass
 
 import msgspec
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from hcs_bus import messages, subjects
+from hcs_bus import kvcas, messages, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict
+from hcs_bus.errors import BadMessage, BusUnavailable
 from hcs_bus.messages import CheckpointEvent
 from hcs_bus.streams import KV_CKPT
 from hcs_bus.telemetry import logger
 
 _log = logger("hcs.checkpoint")
-CAS_ATTEMPTS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,37 +101,24 @@ async def report(
 
 
 async def _store(kv: KeyValue, event: CheckpointEvent) -> Reported:
-    """Compare-and-set ``event`` over the stored entry while it is older; retry on conflict."""
+    """Compare-and-set ``event`` over the stored entry while it is older
+    (``hcs_bus.kvcas``: another reporter's write in between is judged again)."""
     key = subjects.ckpt_key(event.namespace, event.job)
-    data = messages.encode(event)
-    for _attempt in range(CAS_ATTEMPTS):
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:
-            entry = None
-        stored = _decode(entry.value, key) if entry is not None else None
+
+    def later(stored: CheckpointEvent | None) -> kvcas.Change[CheckpointEvent, Reported]:
         if stored is not None and stored.step >= event.step:
-            return Reported(event, stored=False, latest=stored)
+            return kvcas.Keep(Reported(event, stored=False, latest=stored))
+        return kvcas.Put(event, Reported(event, stored=True, latest=event))
+
+    def decode(value: bytes) -> CheckpointEvent | None:
+        """The stored event; None (overwritable) when not a CheckpointEvent."""
         try:
-            if entry is None:
-                await kv.create(key, data)
-            else:
-                await kv.update(key, data, last=entry.revision)
-        except KeyWrongLastSequenceError:
-            continue  # another reporter wrote in between: judge again against theirs
-        return Reported(event, stored=True, latest=event)
-    raise CasConflict(f"KV {KV_CKPT} key {key}: {CAS_ATTEMPTS} conflicting writes in a row")
+            return messages.decode(value, CheckpointEvent)
+        except msgspec.MsgspecError as exc:
+            _log.warning("checkpoint_entry_unreadable", key=key, error=str(exc))
+            return None
 
-
-def _decode(value: bytes | None, key: str) -> CheckpointEvent | None:
-    """The stored event; None (overwritable) when empty or not a CheckpointEvent."""
-    if not value:
-        return None
-    try:
-        return messages.decode(value, CheckpointEvent)
-    except msgspec.MsgspecError as exc:
-        _log.warning("checkpoint_entry_unreadable", key=key, error=str(exc))
-        return None
+    return await kvcas.update(kv, key, later, decode=decode, encode=messages.encode)
 
 
 def resume_point(

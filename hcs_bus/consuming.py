@@ -9,8 +9,11 @@ decode (msgspec's errors, but also ``UnicodeDecodeError`` and
 poison: copied to ``hcs.dlq.<subject>`` once per stream sequence
 (``hcs_bus.deadletters``), and the consumer goes on. So is a message whose
 body contradicts its subject (``hcs_bus.identity``: a fingerprint naming
-another node, a verdict not on the healer's subject). Poison never holds
-back ``caught_up``: it counts as read.
+another node, a verdict not on the healer's subject), and one claiming a
+time it cannot have (``hcs_bus.clocks``: a boot after the server received
+it, beyond ``clock_skew_tolerance_s``). Poison never holds back
+``caught_up``: it counts as read. Each delivery carries the server's receive
+time (``received_s``), the clock staleness is judged on.
 
 For a ``Consumer`` the error type decides the ack: ``TemporaryError`` →
 ``nak(delay)``; ``PermanentError`` → dead letter + ``term``; on a message's
@@ -35,7 +38,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from hcs_bus import identity, messages, tasks
+from hcs_bus import clocks, identity, messages, tasks
 from hcs_bus.deadletters import MAX_MESSAGE_BYTES, decode_or_reason, origin
 from hcs_bus.errors import PermanentError, TemporaryError
 from hcs_bus.telemetry import TRACEPARENT, consuming, logger
@@ -55,6 +58,15 @@ class Delivery(Generic[T]):
     stream_seq: int
     pending: int
     headers: dict[str, str] | None
+    received_s: float = 0.0  # when the server stored it (its clock, Unix s); 0: not known
+
+
+def _refusal(subject: str, value: object, received_s: float, tolerance_s: float) -> str:
+    """Why a decoded message must not be handed on: its body contradicts its
+    subject, or it claims a time it cannot have; "" when neither."""
+    return identity.refusal(subject, value) or clocks.future_claim(
+        value, received_s=received_s, tolerance_s=tolerance_s
+    )
 
 
 def _raise_if_cancelling() -> None:
@@ -90,6 +102,7 @@ class Consumer(Generic[T]):
         ack_all: bool = False,
         opt_start_time: datetime.datetime | None = None,
         max_bytes: int = MAX_MESSAGE_BYTES,
+        clock_skew_tolerance_s: float = clocks.DEFAULT_CLOCK_SKEW_TOLERANCE_S,
         retry_delay_s: float = 1.0,
         restart_backoff_s: float = 0.5,
     ) -> None:
@@ -107,6 +120,7 @@ class Consumer(Generic[T]):
         self.ack_wait_s = ack_wait_s
         self.ack_all = ack_all
         self.max_bytes = max_bytes
+        self.clock_skew_tolerance_s = clock_skew_tolerance_s
         self.retry_delay_s = retry_delay_s
         self.restart_backoff_s = restart_backoff_s
         self.caught_up = asyncio.Event()
@@ -160,7 +174,7 @@ class Consumer(Generic[T]):
 
     async def _loop(self) -> None:
         """The watchdog: whatever a fetch or a (re)subscription raises, the loop
-        waits a moment, subscribes again and carries on (DESIGN §7.3)."""
+        waits a moment, subscribes again and carries on (docs/architecture.md#bus-rules)."""
         while True:
             _raise_if_cancelling()
             try:
@@ -193,13 +207,16 @@ class Consumer(Generic[T]):
             value, why = decode_or_reason(
                 self._decode, msg.data, kind=kind, max_bytes=self.max_bytes
             )
-            why = why or identity.refusal(msg.subject, value)
+            where = origin(msg)
+            received_s = where.time_ns / 1e9
+            why = why or _refusal(msg.subject, value, received_s, self.clock_skew_tolerance_s)
             if why:
                 poison.append((msg, why))
                 continue
-            where = origin(msg)
             good.append(
-                Delivery(msg.subject, cast(T, value), where.seq, where.pending, msg.headers)
+                Delivery(
+                    msg.subject, cast(T, value), where.seq, where.pending, msg.headers, received_s
+                )
             )
             good_msgs.append(msg)
         self.delivered += len(batch)
@@ -279,7 +296,7 @@ class Follower(Generic[T]):
     For derived state that every replica rebuilds for itself (the scheduler's
     cluster view, ``hcs top``): no acks, flow-controlled, recreated by the
     client on a sequence gap, and several times faster than pull fetches
-    (DESIGN §7: ~100k messages replayed in about a second). ``handle`` is a
+    (docs/architecture.md#bus-rules: ~100k messages replayed in about a second). ``handle`` is a
     plain function called once per decoded message, in stream order; one
     that raises is counted in ``failed`` and the follower goes on. Poison is
     dead-lettered in the background, so a replay of garbage never waits on
@@ -298,6 +315,7 @@ class Follower(Generic[T]):
         deliver: DeliverPolicy = DeliverPolicy.ALL,
         opt_start_time: datetime.datetime | None = None,
         max_bytes: int = MAX_MESSAGE_BYTES,
+        clock_skew_tolerance_s: float = clocks.DEFAULT_CLOCK_SKEW_TOLERANCE_S,
     ) -> None:
         self.bus = bus
         self.stream = stream
@@ -307,6 +325,7 @@ class Follower(Generic[T]):
         self.deliver = deliver
         self.opt_start_time = opt_start_time
         self.max_bytes = max_bytes
+        self.clock_skew_tolerance_s = clock_skew_tolerance_s
         self.caught_up = asyncio.Event()
         self.delivered = 0
         self.dead = 0
@@ -359,12 +378,15 @@ class Follower(Generic[T]):
         value, why = decode_or_reason(
             self._decode, msg.data, kind=self.kind.__name__, max_bytes=self.max_bytes
         )
-        why = why or identity.refusal(msg.subject, value)
+        received_s = where.time_ns / 1e9
+        why = why or _refusal(msg.subject, value, received_s, self.clock_skew_tolerance_s)
         if why:
             self._bury(msg, why)
         else:
             try:
-                item = Delivery(msg.subject, cast(T, value), where.seq, where.pending, msg.headers)
+                item = Delivery(
+                    msg.subject, cast(T, value), where.seq, where.pending, msg.headers, received_s
+                )
                 if msg.headers and TRACEPARENT in msg.headers:
                     with consuming(((msg.subject, msg.headers),)):
                         self.handle(item)

@@ -2,7 +2,7 @@
 
 A message no consumer can use (undecodable, hostile, too large, refused by
 its handler) is copied into stream ``HCS_DLQ`` with its origin and the
-reason, then the consumer goes on (DESIGN §1, §7.4). Replays must not copy
+reason, then the consumer goes on (docs/architecture.md#streams, #bus-rules). Replays must not copy
 it again: a restarted replica or an ordered consumer re-reading the stream
 sees the same poison. So every copy carries ``Nats-Msg-Id:
 <stream>:<sequence>`` and the DLQ stream's duplicate window spans its whole
@@ -45,16 +45,22 @@ DEAD_LETTERS = zero_init(
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where a JetStream delivery came from, read off its ack subject."""
+    """Where a JetStream delivery came from, read off its ack subject.
+
+    ``time_ns``: when the server stored the message (its own clock, Unix
+    nanoseconds; what nats-py's ``msg.metadata.timestamp`` reads), 0 when
+    not known."""
 
     stream: str
     seq: int
     delivered: int
     pending: int
+    time_ns: int = 0
 
 
 def origin(msg: Msg) -> Origin:
-    """The delivery's stream, sequence, delivery count and pending count.
+    """The delivery's stream, sequence, delivery count, pending count and
+    the server's receive time.
 
     Read straight from the ack subject — nats-py's ``msg.metadata`` builds
     several objects per message (~7% of a replay). A message with no ack
@@ -62,9 +68,11 @@ def origin(msg: Msg) -> Origin:
     tokens = (msg.reply or "").split(".")
     try:
         if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pending>
-            return Origin(tokens[2], int(tokens[5]), int(tokens[4]), int(tokens[8]))
+            return Origin(tokens[2], int(tokens[5]), int(tokens[4]), int(tokens[8]), int(tokens[7]))
         if len(tokens) >= 11:  # with <domain>.<account hash> after ACK
-            return Origin(tokens[4], int(tokens[7]), int(tokens[6]), int(tokens[10]))
+            return Origin(
+                tokens[4], int(tokens[7]), int(tokens[6]), int(tokens[10]), int(tokens[9])
+            )
     except ValueError:
         pass
     return Origin("", 0, 1, 0)

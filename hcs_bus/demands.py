@@ -22,12 +22,13 @@ keeps it in the node's unit, for the capacity check after the plan.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, NamedTuple
 
-from hcs_bus import vocabulary
+from hcs_bus import jobs, vocabulary
+from hcs_bus.errors import DemandError
 from hcs_bus.messages import Policy, Requests
 from hcs_bus.units import QuantityError, bytes_to_mib, parse_quantity
 
@@ -54,11 +55,6 @@ UNITS: Final = {
 SUBSTITUTIONS: Final = ("allow", "ask", "deny")
 TOPOLOGIES: Final = ("high-bandwidth", "any")
 MAX_AMOUNT: Final = Decimal(2**63 - 1)  # Kubernetes keeps resource amounts in an int64
-JOB_KEY: Final = vocabulary.JOB
-
-
-class DemandError(ValueError):
-    """The pod is unreadable or asks for something wrong; the message says what."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +108,9 @@ def read(pod: Mapping[str, Any]) -> Demand | None:
     asked = read_requests(containers(pod))
     if asked is None:
         return None
-    policy = read_policy(annotations_of(pod), labels=labels_of(pod))
+    policy = read_policy(
+        annotations_of(pod), labels=labels_of(pod), owner_references=owner_references_of(pod)
+    )
     return Demand(asked.targets, asked.requests, policy, asked.amounts)
 
 
@@ -223,9 +221,14 @@ def requests_of(total: Mapping[str, Decimal]) -> Requests:
 
 
 def read_policy(
-    annotations: Mapping[str, str], *, labels: Mapping[str, str] | None = None
+    annotations: Mapping[str, str],
+    *,
+    labels: Mapping[str, str] | None = None,
+    owner_references: Sequence[Mapping[str, Any]] = (),
 ) -> Policy:
-    """The ``hcs.io/*`` policy; the job from the ``hcs.io/job`` label, else annotation."""
+    """The ``hcs.io/*`` policy. The job is the pod's job as ``hcs_bus.jobs``
+    reads it from these labels, annotations and owner references (``hcs.io/job``
+    first); ``JobError`` (a ``DemandError``) when the pod's job sizes disagree."""
     substitution = annotations.get(vocabulary.SUBSTITUTION, "deny").strip()
     if substitution not in SUBSTITUTIONS:
         raise DemandError(
@@ -234,12 +237,17 @@ def read_policy(
     topology = annotations.get(vocabulary.TOPOLOGY, "any").strip()
     if topology not in TOPOLOGIES:
         raise DemandError(f"{vocabulary.TOPOLOGY}: {topology!r} is not one of {TOPOLOGIES}")
-    job = (labels or {}).get(JOB_KEY) or annotations.get(JOB_KEY) or None
+    metadata = {
+        "labels": labels or {},
+        "annotations": annotations,
+        "ownerReferences": list(owner_references),
+    }
+    identity = jobs.read({"metadata": metadata})
     return Policy(
         vendors=split_list(annotations.get(vocabulary.VENDORS, "")),
         models=split_list(annotations.get(vocabulary.MODELS, "")),
         substitution=substitution,  # type: ignore[arg-type]
-        job=job,
+        job=identity.name if identity is not None else None,
         topology=topology,  # type: ignore[arg-type]
     )
 
@@ -255,6 +263,13 @@ def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
 
 def labels_of(pod: Mapping[str, Any]) -> dict[str, str]:
     return _string_map(pod, "labels")
+
+
+def owner_references_of(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """``metadata.ownerReferences`` (entries that are not objects left out)."""
+    metadata = pod.get("metadata") or {}
+    found = metadata.get("ownerReferences") if isinstance(metadata, dict) else None
+    return [ref for ref in found if isinstance(ref, dict)] if isinstance(found, list) else []
 
 
 def _string_map(pod: Mapping[str, Any], part: str) -> dict[str, str]:

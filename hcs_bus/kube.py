@@ -3,7 +3,7 @@
 Every call of every method is listed in ``API_CALLS`` (group, resource,
 verbs), from which the deploy tests derive RBAC rules; a test checks the table
 against what the API double saw. Errors are the ``hcs_bus.errors`` Kube*
-types. Wire facts (DESIGN §6): extended resources by JSON Patch on
+types. Wire facts (docs/architecture.md#kubernetes-wire-facts): extended resources by JSON Patch on
 ``nodes/<n>/status``; taints read-modify-write with ``resourceVersion``
 (strategic merge replaces the list), retried on 409; node conditions by
 strategic merge on ``/status`` (merged by ``type``); Binding with annotations.

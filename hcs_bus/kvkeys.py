@@ -5,7 +5,7 @@ nats-py's KV watch marks the end of its initial replay with a ``None``, and
 messages already on their way have been handed over (nats-io/nats.py#842),
 or on a stale per-message pending count (#995). A watch then looks
 complete with keys missing, and ``keys()`` answers a partial list or none.
-Both happened here: a scheduler test read back no pledge keys at all.
+Either way a reader can miss keys the bucket holds.
 
 So we ask the stream itself. One ``STREAM.INFO`` with a subject filter
 lists every subject that has a message, paged by the server; for a KV

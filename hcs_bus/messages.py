@@ -1,4 +1,4 @@
-"""Every message that crosses the bus (DESIGN §1).
+"""Every message that crosses the bus (docs/architecture.md#subjects).
 
 Frozen, tagged msgspec Structs encoded as JSON. Each carries ``v``, its schema
 version. Evolution rules: new fields get defaults, a field never changes type,
@@ -104,7 +104,13 @@ class DeviceFingerprint(_Frozen, frozen=True):
 
 
 class NodeFingerprint(_Frozen, frozen=True, tag="node_fingerprint", tag_field="type"):
-    """A full snapshot of one node's devices (stream HCS_FP, last per subject)."""
+    """A full snapshot of one node's devices (stream HCS_FP, last per subject).
+
+    ``seq`` numbers the snapshots of one ``boot_id`` (one agent process) from 1;
+    (boot, seq) is their order (``hcs_bus.ordering``). ``time_s`` and
+    ``boot_s`` (when the boot began; 0: not said) are on the agent's clock,
+    informational only: freshness is the server's receive time
+    (``hcs_bus.clocks``)."""
 
     node: str
     agent_version: str
@@ -114,6 +120,7 @@ class NodeFingerprint(_Frozen, frozen=True, tag="node_fingerprint", tag_field="t
     devices: tuple[DeviceFingerprint, ...] = ()
     labels: dict[str, str] = {}
     simulated: bool = False
+    boot_s: float = 0.0
     v: int = 1
 
 
@@ -167,6 +174,7 @@ class PlanRequest(_Frozen, frozen=True, tag="plan_request", tag_field="type"):
     pod_name: str = ""
     dry_run: bool = False
     generate_name: str = ""  # the pod's generateName when it has no name yet
+    pod_uid: str = ""  # the pod's uid when known ("" from senders that do not say)
     v: int = 1
 
 

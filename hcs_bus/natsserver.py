@@ -13,7 +13,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +72,7 @@ class NatsServer:
     config_file: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
+    log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=200))
     _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -98,7 +101,21 @@ class NatsServer:
             [*args, *self.extra_args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         self._wait_listening(timeout_s)
+        threading.Thread(target=self._drain_log, name="nats-server-log", daemon=True).start()
         return self
+
+    def _drain_log(self) -> None:
+        """Read the server's log as it writes it, keeping the last lines: a
+        pipe nobody reads fills (64 KiB of permission violations, say) and
+        the server then blocks on its next log line, every client with it."""
+        out = self.process.stderr if self.process else None
+        if out is None:
+            return
+        try:
+            for line in out:
+                self.log_tail.append(line.decode(errors="replace").rstrip())
+        except (ValueError, OSError):  # closed by stop()
+            return
 
     def _wait_listening(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

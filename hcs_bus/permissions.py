@@ -1,19 +1,21 @@
-"""NATS users and subject permissions per part (DESIGN §7.8), the source of
+"""NATS users and subject permissions per part (docs/architecture.md#nats-users), the source of
 truth for ``deploy/``.
 
 Every allow list is built from ``hcs_bus.subjects`` and ``hcs_bus.streams``
 so a renamed subject renames its permission. What each part may do:
 
 * agent (one user per node): publish its own ``hcs.fp.<node>`` and
-  ``hcs.health.<node>`` (JetStream publish: the ack comes to its inbox) and
-  request ``hcs.place``; subscribe only its own inbox ``_INBOX_<nodetoken>.>``.
-* scheduler: serve ``hcs.place``/``hcs.release`` in queue group
-  ``hcs-scheduler`` (answers through ``allow_responses``), publish
-  ``hcs.alloc.*``, read/compare-and-set/watch KV ``hcs_alloc``, read KV
-  ``hcs_ckpt`` (resume-from at bind), replay ``HCS_FP``/``HCS_HEALTH``,
-  dead-letter what it cannot decode, create/update the streams at start
-  (``streams.init``).
-* injector: request ``hcs.place`` (nothing else).
+  ``hcs.health.<node>`` (JetStream publish: the ack comes to its inbox),
+  nothing else (no plans: an agent never asks for one); subscribe only its
+  own inbox ``_INBOX_<nodetoken>.>``.
+* scheduler: serve ``hcs.place``/``hcs.place.dry``/``hcs.release`` in queue
+  group ``hcs-scheduler``, answering into the inboxes of the users that may
+  ask (``ASKING``) and nowhere else, publish ``hcs.alloc.*``,
+  read/compare-and-set/watch KV ``hcs_alloc``, read KV ``hcs_ckpt``
+  (resume-from at bind), replay ``HCS_FP``/``HCS_HEALTH``, dead-letter what
+  it cannot decode, create/update the streams at start (``streams.init``).
+* injector: request ``hcs.place`` (plans that pledge: only it) and
+  ``hcs.place.dry`` (admission dry runs); nothing else.
 * healer: replay/consume ``HCS_FP``, ``HCS_ALLOC``, ``HCS_HEALTH`` (durable
   ``hcs-healer-health``), publish verdicts on ``hcs.health._healer_<node>``
   (a token no agent may publish; NATS has no partial-token wildcard, so the
@@ -26,7 +28,21 @@ so a renamed subject renames its permission. What each part may do:
   ``sidecar:<ns>`` (``sidecar_user``): put and read only KV ``hcs_ckpt`` keys
   ``<ns>.<job>``, announce ``hcs.ckpt.<ns>.<job>``, listen on
   ``hcs.ckpt.request.<ns>.<job>`` — never another namespace's.
-* operator (the ``hcs`` CLI): the JetStream API, subscribe ``hcs.>``.
+* operator (the ``hcs`` CLI, an administrator's credential, never on a
+  node): the JetStream API, dry-run plans and releases, subscribe ``hcs.>``.
+
+Answers go to inboxes only. No user has ``allow_responses``: nats-server
+lets an ``allow_responses`` reply through to whatever reply subject the
+request named, past the user's own publish deny rules (tested in
+``tests/deploy/test_confused_deputy.py``), so a requester naming
+``$JS.API.STREAM.PURGE.<stream>`` would have the scheduler purge it. The
+scheduler may publish into its askers' inboxes instead (``_INBOX_INJECTOR.>``,
+``_INBOX_OPERATOR.>``), and ``hcs_bus.bus.Bus.serve`` answers only an inbox.
+Deny rules, which hold even if an allow list grows: every user but the
+operator is denied stream purge, stream delete and message delete
+(``GUARDED``; the scheduler included, so it cannot purge the ledger's delete
+markers either), and every user but the scheduler is denied writes to KV
+``hcs_alloc`` (the operator keeps the JetStream API: it administers).
 
 Services get upper-case inbox prefixes (``_INBOX_SCHEDULER``): Kubernetes node
 names are lower case, so no node's inbox can ever collide with a service's.
@@ -65,15 +81,18 @@ HEALER_DURABLE = "hcs-healer-health"
 
 @dataclass(frozen=True)
 class Permissions:
-    """Allow lists (everything else is denied), duplicates removed in order."""
+    """Allow lists (everything else is denied) and publish deny rules (which
+    win over the allow list), duplicates removed in order."""
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     allow_responses: bool = False
+    deny_publish: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "publish", tuple(dict.fromkeys(self.publish)))
         object.__setattr__(self, "subscribe", tuple(dict.fromkeys(self.subscribe)))
+        object.__setattr__(self, "deny_publish", tuple(dict.fromkeys(self.deny_publish)))
 
 
 @dataclass(frozen=True)
@@ -169,13 +188,42 @@ def _all_streams() -> list[str]:
     return [*names, streams.kv_stream(streams.KV_ALLOC), streams.kv_stream(streams.KV_CKPT)]
 
 
+# Who may ask the scheduler what (core request-reply); it answers into these
+# users' inboxes and nowhere else.
+ASKING: dict[str, tuple[str, ...]] = {
+    subjects.PLACE: ("injector",),
+    subjects.PLACE_DRY: ("injector", "operator"),
+    subjects.RELEASE: ("operator",),
+}
+
+# Denied to every user but the operator: no part ever purges or deletes a
+# stream or a stored message.
+GUARDED = (
+    f"{JS_API}.STREAM.PURGE.>",
+    f"{JS_API}.STREAM.DELETE.>",
+    f"{JS_API}.STREAM.MSG.DELETE.>",
+)
+
+
+def asks(user: str) -> list[str]:
+    """The scheduler's request subjects ``user`` may publish."""
+    return [subject for subject, askers in ASKING.items() if user in askers]
+
+
+def _guarded(*, ledger_writer: bool = False) -> tuple[str, ...]:
+    """Deny rules of a part: ``GUARDED``, and the ledger unless it writes it."""
+    ledger = () if ledger_writer else (streams.kv_subject(streams.KV_ALLOC, ">"),)
+    return (*GUARDED, *ledger)
+
+
 # -- parts --------------------------------------------------------------------
 
 
 def agent(node: str) -> Permissions:
     return Permissions(
-        publish=(subjects.fp(node), subjects.health(node), subjects.PLACE),
+        publish=(subjects.fp(node), subjects.health(node)),
         subscribe=(_inbox(node),),
+        deny_publish=_guarded(),
     )
 
 
@@ -190,17 +238,17 @@ def _scheduler() -> Permissions:
         *following(streams.HEALTH),
         *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL),
         *stream_admin(_all_streams()),
+        *(_inbox(user) for askers in ASKING.values() for user in askers),  # answers
     ]
     subscribe = [
-        f"{subjects.PLACE} {subjects.PLACE_QUEUE}",
-        f"{subjects.RELEASE} {subjects.PLACE_QUEUE}",
+        *(f"{subject} {subjects.PLACE_QUEUE}" for subject in ASKING),
         _inbox("scheduler"),
     ]
-    return Permissions(tuple(publish), tuple(subscribe), allow_responses=True)
+    return Permissions(tuple(publish), tuple(subscribe), deny_publish=_guarded(ledger_writer=True))
 
 
 def _injector() -> Permissions:
-    return Permissions((subjects.PLACE,), (_inbox("injector"),))
+    return Permissions(tuple(asks("injector")), (_inbox("injector"),), deny_publish=_guarded())
 
 
 def _healer() -> Permissions:
@@ -214,7 +262,7 @@ def _healer() -> Permissions:
         *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL, subjects.ALLOC_ALL),
         *stream_admin(_all_streams()),
     ]
-    return Permissions(tuple(publish), (_inbox("healer"),))
+    return Permissions(tuple(publish), (_inbox("healer"),), deny_publish=_guarded())
 
 
 def _mirror() -> Permissions:
@@ -225,7 +273,7 @@ def _mirror() -> Permissions:
         subjects.USAGE_ALL,
         *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL, subjects.ALLOC_ALL),
     ]
-    return Permissions(tuple(publish), (_inbox("mirror"),))
+    return Permissions(tuple(publish), (_inbox("mirror"),), deny_publish=_guarded())
 
 
 def sidecar(namespace: str) -> Permissions:
@@ -239,24 +287,24 @@ def sidecar(namespace: str) -> Permissions:
         *kv_writing(streams.KV_CKPT, keys=mine),
     ]
     subscribe = [subjects.CKPT_REQUEST_PREFIX + mine, _inbox(user)]
-    return Permissions(tuple(publish), tuple(subscribe))
+    return Permissions(tuple(publish), tuple(subscribe), deny_publish=_guarded())
 
 
 def _operator() -> Permissions:
     publish = [
-        subjects.PLACE,
-        subjects.RELEASE,
+        *asks("operator"),
         subjects.CKPT_REQUEST_PREFIX + ">",
         f"{JS_API}.>",
         "$JS.ACK.>",
         "$JS.FC.>",
     ]
-    return Permissions(tuple(publish), ("hcs.>", _inbox("operator")))
+    ledger = (streams.kv_subject(streams.KV_ALLOC, ">"),)
+    return Permissions(tuple(publish), ("hcs.>", _inbox("operator")), deny_publish=ledger)
 
 
 def _fleet() -> Permissions:
-    publish = (subjects.FP_ALL, subjects.HEALTH_ALL, subjects.PLACE)
-    return Permissions(publish, (_inbox(FLEET),))
+    publish = (subjects.FP_ALL, subjects.HEALTH_ALL)
+    return Permissions(publish, (_inbox(FLEET),), deny_publish=_guarded())
 
 
 def service(name: str) -> Permissions:
@@ -314,10 +362,10 @@ def _user(name: str, perms: Permissions, credentials: Mapping[str, Credential]) 
             "password": cred.password,
         }
     )
-    rules: dict[str, Any] = {
-        "publish": {"allow": list(perms.publish)},
-        "subscribe": {"allow": list(perms.subscribe)},
-    }
+    publish: dict[str, Any] = {"allow": list(perms.publish)}
+    if perms.deny_publish:
+        publish["deny"] = list(perms.deny_publish)
+    rules: dict[str, Any] = {"publish": publish, "subscribe": {"allow": list(perms.subscribe)}}
     if perms.allow_responses:
         rules["allow_responses"] = True
     user["permissions"] = rules

@@ -1,4 +1,4 @@
-"""The device profile database and compute units (DESIGN §3).
+"""The device profile database and compute units (docs/architecture.md#compute-units).
 
 One data file inside the package (``hcs_bus/data/profiles.yaml``) lists each
 known accelerator model: VRAM, memory bandwidth, dense peak throughput, the

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -97,7 +97,28 @@ class AgentSettings(_Group, frozen=True, forbid_unknown_fields=True):
 class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     extender_host: str = "127.0.0.1"
     extender_port: int = 8888
+    # HTTPS for the extender (kube-scheduler's tlsConfig); without a pair it
+    # serves plain HTTP, and only on a loopback extender_host
+    extender_cert_file: str | None = None
+    extender_key_file: str | None = None
+    # mutual TLS: /filter, /prioritize, /bind, /preempt and /metrics want a
+    # client certificate chaining to this CA (required off loopback) ...
+    extender_client_ca_file: str | None = None
+    # ... whose Common Name or a DNS/URI name is one of these (empty: any it signed)
+    extender_client_names: tuple[str, ...] = ()
+    # the read-only console and /api/* on a port of their own, behind a bearer
+    # token (console_token, or the first line of console_token_file; none: every
+    # request is refused); HTTPS with console_cert_file and console_key_file
+    console_host: str = "127.0.0.1"
+    console_port: int = 8889
+    console_token: str | None = None
+    console_token_file: str | None = None
+    console_cert_file: str | None = None
+    console_key_file: str | None = None
     stale_after_s: float = 35.0
+    # a fingerprint claiming a boot later than the server received it by more
+    # than this is dead-lettered (hcs_bus.clocks); agents' clocks are not judged
+    clock_skew_tolerance_s: float = 30.0
     quota_file: str | None = None
     replica_id: str = ""
     weight_binpack: float = 1.0
@@ -112,13 +133,17 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     wake_min_interval_s: float = 5.0  # a parked pod is woken at most this often
     # filter answers only HCS's best node for a pod kube-scheduler's scoring has
     # no preference for (``pods.kube_prefers``): kube-scheduler then skips its
-    # scoring and the prioritize call (DESIGN §6)
+    # scoring and the prioritize call (docs/architecture.md#kubernetes-wire-facts)
     pick_in_filter: bool = True
     # where pods go among what fits: "pack" (the cheapest class that fits, its
     # fullest nodes first: big holes stay whole) or "spread" (the class with
     # the largest free share, its emptiest nodes first: a burst is spread
     # over the fleet, each kubelet starting fewer pods)
     placement: Literal["pack", "spread"] = "pack"
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in _redacted_fields(self).items())
+        return f"SchedulerSettings({shown})"
 
 
 class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):
@@ -136,6 +161,11 @@ class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):
         "system:serviceaccount:hcs-system:hcs-injector",
         "system:serviceaccount:hcs-system:hcs-healer",
     )
+    # "namespace/name" of the service accounts whose pods HCS places may still
+    # run privileged containers or share the host's PID/IPC namespace
+    privileged_service_accounts: tuple[
+        Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")], ...
+    ] = ()
 
 
 class HealerSettings(_Group, frozen=True, forbid_unknown_fields=True):
@@ -203,7 +233,14 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         group, _, field = key[len(ENV_PREFIX) :].lower().partition("__")
         if group not in Settings.__struct_fields__:
             continue
-        raw.setdefault(group, {})[field] = _env_value(value)
+        parsed = _env_value(value)
+        if isinstance(parsed, str) and isinstance(_default(group, field), tuple):
+            parsed = [parsed] if parsed else []  # a list of one, or none
+        raw.setdefault(group, {})[field] = parsed
+
+
+def _default(group: str, field: str) -> Any:
+    return getattr(getattr(Settings(), group), field, None)
 
 
 def _env_value(value: str) -> Any:

@@ -1,8 +1,8 @@
-"""The streams and KV buckets of DESIGN §1, created or updated idempotently
+"""The streams and KV buckets of docs/architecture.md#streams, created or updated idempotently
 (``hcs bus init`` and every part at start). What the server holds is compared
 with what the settings want (``hcs_bus.changes``) and only what differs is
 touched, so a second run reports every one unchanged. Only nats-server 2.9
-features are used (DESIGN §7.7)."""
+features are used (docs/architecture.md#bus-rules)."""
 
 from __future__ import annotations
 

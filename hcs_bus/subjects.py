@@ -1,4 +1,4 @@
-"""Subject builders and parsers (DESIGN §1).
+"""Subject builders and parsers (docs/architecture.md#subjects).
 
 A Kubernetes node name becomes one subject token by replacing ``.`` with
 ``_``; node names never contain ``_`` so the mapping is reversible.
@@ -9,6 +9,15 @@ alert feed and stream ``HCS_HEALTH`` carry them), but a token no node can have
 (a node name never starts with ``.``, so a node token never starts with ``_``).
 No agent may publish there (``hcs_bus.permissions``), and consumers take a
 ``source: healer`` event only from there (``hcs_bus.identity``).
+
+Plans come on two subjects so that NATS permissions say who may pledge:
+``hcs.place`` (a plan that pledges: the injector's admissions only) and
+``hcs.place.dry`` (dry runs: ``hcs place``, admission dry runs); the
+service refuses a request whose ``dry_run`` disagrees with its subject.
+
+A request-reply service answers only into an inbox (``is_inbox``):
+``_INBOX.<…>`` or a per-user ``_INBOX_<USER>.<…>`` (``hcs_bus.permissions``),
+never a stream, bucket or JetStream API subject a requester names.
 """
 
 from __future__ import annotations
@@ -23,9 +32,11 @@ CKPT_REQUEST_PREFIX: Final = "hcs.ckpt.request."
 DLQ_PREFIX: Final = "hcs.dlq."
 USAGE_PREFIX: Final = "hcs.usage."
 HEALER_MARK: Final = "_healer_"  # a health token that is the healer's, never a node's
-PLACE: Final = "hcs.place"
+PLACE: Final = "hcs.place"  # plans that pledge (non-dry-run): the injector only
+PLACE_DRY: Final = "hcs.place.dry"  # dry-run plans: nothing recorded
 RELEASE: Final = "hcs.release"
 PLACE_QUEUE: Final = "hcs-scheduler"
+INBOX: Final = "_INBOX"  # nats-py's default inbox prefix; per-user ones are _INBOX_<USER>
 
 FP_ALL: Final = "hcs.fp.*"
 HEALTH_ALL: Final = "hcs.health.*"
@@ -102,6 +113,22 @@ def alloc_key(node: str) -> str:
 def usage(namespace: str) -> str:
     """Where a namespace's usage alerts go (core NATS, ``UsageAlert``)."""
     return USAGE_PREFIX + _plain_token(namespace, what="namespace")
+
+
+def place(*, dry_run: bool) -> str:
+    """Where a plan request goes: dry runs and pledging plans apart."""
+    return PLACE_DRY if dry_run else PLACE
+
+
+def is_inbox(subject: str) -> bool:
+    """Whether ``subject`` is a reply inbox (``_INBOX.<…>``, ``_INBOX_<USER>.<…>``):
+    at least two tokens, none empty, no wildcard, no whitespace or control character."""
+    first, dot, rest = subject.partition(".")
+    if not dot or not rest or (first != INBOX and not first.startswith(INBOX + "_")):
+        return False
+    if any(ch in "*>" or ord(ch) <= 0x20 or ord(ch) == 0x7F for ch in subject):
+        return False
+    return "" not in subject.split(".")
 
 
 def dlq(subject: str) -> str:

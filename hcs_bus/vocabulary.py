@@ -1,6 +1,7 @@
 """The words every part shares (pure): ``hcs.io/*`` names, health kinds, Xids.
 
-* **Names.** Every ``hcs.io/*`` annotation, label and taint key, spelled once.
+* **Names.** Every ``hcs.io/*`` annotation, label and taint key, spelled once;
+  and the other projects' job and pod-group keys HCS reads (``hcs_bus.jobs``).
 * **Health kinds.** ``Kind`` enumerates every ``HealthEvent.kind`` an agent,
   a kernel probe, the simulator or the healer emits; ``KIND_CLASSES`` says how
   the healer takes each one: ``fatal`` (the device fails at once), ``warning``
@@ -56,6 +57,9 @@ CODE_PATH: Final = "hcs.io/code-path"
 REPLAN: Final = "hcs.io/replan"  # "recreate": a stranded bare pod is deleted and created again
 REPLAN_RECREATE: Final = "recreate"
 ENGINE_PARAM_PREFIX: Final = "hcs.io/engine-"
+JOB_SIZE: Final = "hcs.io/job-size"  # how many pods the job has (``hcs_bus.jobs``)
+JOB_MIN: Final = "hcs.io/job-min"  # an elastic job: the fewest pods it runs with
+JOB_MAX: Final = "hcs.io/job-max"  # an elastic job: the most pods it runs with
 
 # -- pod annotations: written by HCS only --------------------------------------
 PLAN: Final = "hcs.io/plan"
@@ -79,6 +83,27 @@ NETWORK_GROUP_LABEL: Final = "hcs.io/network-group"
 RDMA_FABRIC_LABEL: Final = "hcs.io/rdma-fabric"
 NATS_NKEY_LABEL: Final = "hcs.io/nats-nkey"
 UNHEALTHY_TAINT: Final = "hcs.io/unhealthy"
+
+# -- other projects' job and pod-group keys on pods (read by hcs_bus.jobs) --------
+# Kubernetes Job: the pod's rank in an Indexed Job (annotation, and label since 1.28)
+JOB_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+# JobSet: labels (and annotations of the same names) on every pod of a JobSet
+JOBSET_NAME: Final = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID: Final = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_REPLICATED_JOB: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+# Kueue plain-pod groups: the group's name (label) and its pod count (annotation)
+KUEUE_POD_GROUP: Final = "kueue.x-k8s.io/pod-group-name"
+KUEUE_POD_GROUP_TOTAL: Final = "kueue.x-k8s.io/pod-group-total-count"
+# scheduler-plugins coscheduling: the PodGroup's name (label)
+COSCHEDULING_POD_GROUP: Final = "scheduling.x-k8s.io/pod-group"
+# Volcano: the PodGroup's name (annotation)
+VOLCANO_POD_GROUP: Final = "scheduling.k8s.io/group-name"
+# NVIDIA KAI scheduler: the PodGroup's name (annotation; some tools set a label)
+KAI_POD_GROUP: Final = "pod-group-name"
+# API groups of the PodGroup objects of each (their spec.minMember)
+COSCHEDULING_API_GROUP: Final = "scheduling.x-k8s.io"
+VOLCANO_API_GROUP: Final = "scheduling.volcano.sh"
+KAI_API_GROUP: Final = "scheduling.run.ai"
 
 HealthClass = Literal["fatal", "warning", "info"]
 # Evidence key of every healer verdict: the device indices the healer holds

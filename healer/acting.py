@@ -303,5 +303,5 @@ def _camel(value: str) -> str:
 
 
 def _wall() -> float:
-    # Producer timestamp on an outgoing event (DESIGN: Unix seconds), not a decision.
+    # Producer timestamp on an outgoing event (messages carry Unix seconds), not a decision.
     return datetime.datetime.now(datetime.UTC).timestamp()

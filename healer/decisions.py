@@ -2,7 +2,7 @@
 node's new judgement to a plan of taint, evictions and checkpoint requests.
 
 Devices are isolated one by one; the node only when it is out as a whole
-(DESIGN §4):
+(docs/architecture.md#health):
 
 * a failed device is *out*: its pods are evicted at once (the scheduler keeps
   it out of placement from its verdict); a degraded device's jobs are asked

@@ -1,4 +1,4 @@
-"""Leader election through a coordination.k8s.io/v1 Lease (DESIGN §6).
+"""Leader election through a coordination.k8s.io/v1 Lease (docs/architecture.md#kubernetes-wire-facts).
 
 As kube-scheduler: lease 15 s, renew deadline 10 s, retry every 2 s
 (settings.healer). Optimistic concurrency: every write carries the

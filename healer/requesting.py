@@ -1,4 +1,4 @@
-"""Asking jobs to checkpoint before a planned eviction (DESIGN §1).
+"""Asking jobs to checkpoint before a planned eviction (docs/architecture.md#subjects).
 
 For each job with pods on a degraded device: read its latest checkpoint from
 KV ``hcs_ckpt``, send a ``CheckpointRequest`` on ``hcs.ckpt.request.<ns>.<job>``
@@ -58,7 +58,7 @@ class CheckpointAsker:
             await self.bus.nc.publish(
                 subjects.ckpt_request(namespace, job), messages.encode(request)
             )
-        except HcsError as exc:
+        except (HcsError, subjects.SubjectError) as exc:  # a job name no subject can carry
             _log.warning("checkpoint_request_failed", namespace=namespace, job=job, error=str(exc))
             return False
         _log.info(

@@ -110,7 +110,7 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     max_penalty: int = 30
     degraded_score: int = 60
     degraded_taint_effect: Literal["PreferNoSchedule", "NoSchedule"] = "PreferNoSchedule"
-    # taint a node once this share of its devices is out (DESIGN §4)
+    # taint a node once this share of its devices is out (docs/architecture.md#health)
     taint_failed_share: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 0.5
     node_stale_s: float = 60.0
     degraded_window_s: float = 60.0

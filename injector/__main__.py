@@ -14,8 +14,8 @@ from pathlib import Path
 from hcs_bus import bus as bus_module
 from hcs_bus import settings as settings_module
 from hcs_bus import tasks
+from hcs_bus.certs import make_dev_certs
 from hcs_bus.telemetry import configure, logger
-from injector.certs import make_dev_certs
 from injector.serving import Injector
 
 _log = logger("hcs.injector")

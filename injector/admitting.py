@@ -1,10 +1,13 @@
 """One admission: AdmissionReview body in, answer out.
 
-CREATE of a pod asking for ``ai.compute/*``: guard (reserved annotations,
-privileged containers), ask the planner within the budget, patch. UPDATE:
-only HCS may change reserved annotations. Anything else passes untouched; a
-pod that mentions neither ``ai.compute/`` nor ``hcs.io/`` is answered after a
-byte scan, without decoding the pod.
+CREATE of a pod asking for ``ai.compute/*``: guard (reserved annotations;
+privileged containers and host PID/IPC, unless the pod's service account is in
+``settings.privileged_service_accounts``), ask the planner within the budget,
+patch. UPDATE: only HCS may change reserved annotations. Anything else passes
+untouched; a pod that mentions neither ``ai.compute/`` nor ``hcs.io/`` is
+answered after a byte scan, without decoding the pod, unless its JSON escapes
+a character those words are made of (``hcs.io\\u002fplan``): then only
+decoding can tell, and the pod is decoded.
 
 The planner is injected (the bus in production, anything in tests); failure
 to plan follows ``settings.failure_policy``.
@@ -13,6 +16,7 @@ to plan follows ``settings.failure_policy``.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -35,6 +39,8 @@ from injector.reviews import Answer, BadReview, Request
 Planner = Callable[[PlanRequest, float], Awaitable[Plan]]
 _log = logger("hcs.injector")
 _MAX_REJECTIONS = 12
+# a JSON escape of "/", "." or an ASCII letter: "hcs.io\u002fplan", "ai.compute\/vram"
+_ESCAPED_NAME_CHAR = re.compile(rb"\\(?:/|u00(?:2[eEfF]|[4-7][0-9a-fA-F]))")
 
 
 class Admitter:
@@ -63,7 +69,7 @@ class Admitter:
                 return await self._route(request, budget_s=budget_s)
         except DemandError as exc:
             _log.info("admission_refused", uid=request.uid, error=str(exc))
-            return reviews.deny(request.uid, str(exc), code=400)
+            return reviews.deny(request.uid, str(exc), reason="bad_pod", code=400)
         except Exception as exc:  # never a 500: an answer per failure policy
             _log.error("admission_failed", uid=request.uid, error=repr(exc), exc_info=exc)
             return self._cannot_plan(request.uid, f"internal error in the HCS injector: {exc!r}")
@@ -71,12 +77,12 @@ class Admitter:
     async def _route(self, request: Request, *, budget_s: float) -> Answer:
         raw = bytes(request.object)
         if request.operation == "CREATE":
-            if b"ai.compute/" not in raw and b"hcs.io/" not in raw:
+            if not _mentions(raw, b"ai.compute/", b"hcs.io/"):
                 return reviews.allow(request.uid)
             return await self._create(request, _pod(raw, what="object"), budget_s=budget_s)
         if request.operation == "UPDATE":
             old = bytes(request.old_object)
-            if b"hcs.io/" not in raw and b"hcs.io/" not in old:
+            if not _mentions(raw, b"hcs.io/") and not _mentions(old, b"hcs.io/"):
                 return reviews.allow(request.uid)
             return self._update(request, _pod(raw, what="object"), _pod(old, what="oldObject"))
         return reviews.allow(request.uid)
@@ -98,7 +104,9 @@ class Admitter:
                 user=request.user_info.username,
             )
             return reviews.deny(
-                request.uid, guarding.reserved_message(changed, username=request.user_info.username)
+                request.uid,
+                guarding.reserved_message(changed, username=request.user_info.username),
+                reason="reserved_annotation",
             )
         return reviews.allow(request.uid)
 
@@ -120,13 +128,15 @@ class Admitter:
                     user=request.user_info.username,
                 )
                 return reviews.deny(
-                    uid, guarding.reserved_message(foreign, username=request.user_info.username)
+                    uid,
+                    guarding.reserved_message(foreign, username=request.user_info.username),
+                    reason="reserved_annotation",
                 )
         if demand is None:
             return reviews.allow(uid)
-        refusal = _privileged(pod, demand)
-        if refusal:
-            return reviews.deny(uid, refusal)
+        refused = self._privileged(request, pod)
+        if refused is not None:
+            return refused
         choice = rebinding.choose(annotations, self.ctx.rebinding)
         warnings: list[str] = []
         pledge = annotations.get(guarding.PLEDGE, "") if note is not None else ""
@@ -161,6 +171,21 @@ class Admitter:
             dry_run=bool(request.dry_run),
         )
         return reviews.allow(uid, ops=mutation.ops, warnings=warnings + mutation.warnings)
+
+    def _privileged(self, request: Request, pod: dict[str, Any]) -> Answer | None:
+        """The refusal of a pod that would reach past its device share, unless
+        its service account is allow-listed; None when it may go on."""
+        found = guarding.privileges(pod)
+        if not found:
+            return None
+        metadata = pod.get("metadata") or {}
+        namespace = request.namespace or str(metadata.get("namespace") or "")
+        account = guarding.service_account(pod, namespace=namespace)
+        if account in self.settings.privileged_service_accounts:
+            return None
+        _log.warning("privileged_pod_refused", uid=request.uid, account=account, fields=found)
+        message = guarding.privileged_message(found, account=account)
+        return reviews.deny(request.uid, message, reason="privileged")
 
     def _own_copy(self, request: Request, annotations: dict[str, str], pod: dict[str, Any]) -> bool:
         """The pod's ``hcs.io/submitted`` is one this injector made for it (reinvocation)."""
@@ -247,7 +272,9 @@ class Admitter:
             )
         if not plan.ok:
             _log.info("plan_refused", uid=request.uid, reason=plan.reason)
-            return reviews.deny(request.uid, refusal(plan, asked=demand.amounts))
+            return reviews.deny(
+                request.uid, refusal(plan, asked=demand.amounts), reason="plan_refused"
+            )
         if not plan.vendor or not plan.model or plan.devices < 1:
             return self._cannot_plan(
                 request.uid,
@@ -258,7 +285,7 @@ class Admitter:
         too_big = fitting.refusal(demand, node_capacity=plan.node_capacity, where=where)
         if too_big:
             _log.info("admission_refused", uid=request.uid, error=too_big)
-            return reviews.deny(request.uid, too_big, code=422)
+            return reviews.deny(request.uid, too_big, reason="too_big", code=422)
         return plan
 
     def _cannot_plan(self, uid: str, why: str) -> Answer:
@@ -268,7 +295,10 @@ class Admitter:
                 uid, warnings=[f"hcs: admitted WITHOUT accelerator injection (fail-open): {why}"]
             )
         return reviews.deny(
-            uid, f"{why}; pod not admitted (failure policy fail-closed), retry shortly", code=503
+            uid,
+            f"{why}; pod not admitted (failure policy fail-closed), retry shortly",
+            reason="plan_unavailable",
+            code=503,
         )
 
 
@@ -294,16 +324,9 @@ def _identity(pod: dict[str, Any]) -> str:
     return str(meta.get("name") or meta.get("generateName") or "")
 
 
-def _privileged(pod: dict[str, Any], demand: Demand) -> str | None:
-    asking = {(ref.field, ref.index) for ref in demand.targets}
-    chosen = [c for ref, c in demands.containers(pod) if (ref.field, ref.index) in asking]
-    names = guarding.privileged(chosen)
-    if not names:
-        return None
-    return (
-        f"privileged containers cannot request ai.compute/* devices (they see every device "
-        f"on the node): {', '.join(names)}"
-    )
+def _mentions(raw: bytes, *words: bytes) -> bool:
+    """Whether the JSON ``raw`` may hold one of ``words`` once decoded."""
+    return any(word in raw for word in words) or _ESCAPED_NAME_CHAR.search(raw) is not None
 
 
 def refusal(plan: Plan, *, asked: Mapping[str, Decimal] | None = None) -> str:

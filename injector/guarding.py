@@ -5,6 +5,13 @@ service accounts except the policy and opt-in annotations a user writes
 (``USER_ANNOTATIONS`` and the ``hcs.io/engine-<param>`` family). The kubelet
 resolves device env from reserved annotations at every container start, so a
 user who could write them could pick any device on the node.
+
+A pod HCS places holds no container that reaches past its share of the
+node's devices: none privileged, none adding a capability of
+``PRIVILEGED_CAPABILITIES``, and the pod shares neither the host's PID nor IPC
+namespace (``privileges``), unless its service account is allow-listed.
+Names are compared as JSON decodes them: ``hcs.io\\u002fplan`` is
+``hcs.io/plan``.
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ PLEDGE: Final = vocabulary.PLEDGE
 WRITTEN_AT_CREATE: Final = frozenset(
     {PLAN, PLAN_SIG, PLEDGE, vocabulary.TRACEPARENT, vocabulary.SUBMITTED}
 )
+# a container granted one of these (Kubernetes spelling, ``CAP_`` optional) can
+# reach devices, memory or processes outside its slice, or load eBPF programs
+PRIVILEGED_CAPABILITIES: Final = frozenset(
+    {"ALL", "SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "SYS_RAWIO", "BPF"}
+)
+_HOST_NAMESPACES: Final = ("hostPID", "hostIPC")
+_CONTAINER_FIELDS: Final = ("initContainers", "containers", "ephemeralContainers")
 
 
 def is_reserved(key: str) -> bool:
@@ -65,14 +79,59 @@ def is_hcs(username: str, service_accounts: Iterable[str]) -> bool:
     return username in set(service_accounts)
 
 
-def privileged(containers: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Names of the privileged containers among ``containers``."""
-    names = []
-    for container in containers:
-        context = container.get("securityContext") or {}
-        if isinstance(context, dict) and context.get("privileged") is True:
-            names.append(str(container.get("name", "?")))
-    return names
+def privileges(pod: Mapping[str, Any]) -> list[str]:
+    """What in ``pod`` reaches past its device share, each as ``field: value``
+    naming the container: privileged containers, added capabilities among
+    ``PRIVILEGED_CAPABILITIES``, the host's PID or IPC namespace."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    found = [f"spec.{key}: true" for key in _HOST_NAMESPACES if spec.get(key) is True]
+    for field in _CONTAINER_FIELDS:
+        items = spec.get(field)
+        for index, container in enumerate(items if isinstance(items, list) else []):
+            if isinstance(container, Mapping):
+                found += _container_privileges(container, where=f"spec.{field}[{index}]")
+    return found
+
+
+def _container_privileges(container: Mapping[str, Any], *, where: str) -> list[str]:
+    context = container.get("securityContext")
+    if not isinstance(context, Mapping):
+        return []
+    head = f"{where} ({container.get('name', '?')}) securityContext"
+    found = []
+    if context.get("privileged") is True:
+        found.append(f"{head}.privileged: true")
+    capabilities = context.get("capabilities")
+    added = capabilities.get("add") if isinstance(capabilities, Mapping) else None
+    if isinstance(added, list):
+        risky = [str(c) for c in added if _capability(c) in PRIVILEGED_CAPABILITIES]
+        if risky:
+            found.append(f"{head}.capabilities.add: {', '.join(risky)}")
+    return found
+
+
+def _capability(value: object) -> str:
+    return str(value).strip().upper().removeprefix("CAP_")
+
+
+def service_account(pod: Mapping[str, Any], *, namespace: str) -> str:
+    """``namespace/name`` of the service account ``pod`` runs as (``default``
+    when it names none, as the API server's own admission fills in)."""
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    name = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+    return f"{namespace}/{name}"
+
+
+def privileged_message(found: list[str], *, account: str) -> str:
+    return (
+        f"pods HCS places may not run privileged containers or share the host's PID or IPC "
+        f"namespace (they reach every device on the node, outside the pod's share): "
+        f"{'; '.join(found)}; service account {account} is not in "
+        f"injector.privileged_service_accounts"
+    )
 
 
 def reserved_message(keys: list[str], *, username: str) -> str:

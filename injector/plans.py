@@ -6,7 +6,8 @@ pledge the plan made in the ledger (spent once, at bind). The note is signed
 pod's name or generateName, ``hcs.io/plan-sig``) so that when the API server
 invokes the webhook again (reinvocation) the injector recognises its own
 note and does not plan twice, while a note a user wrote, or copied from
-another pod, is refused.
+another pod, is refused. The note's schema is ``hcs_bus.plannotes``, the
+one the scheduler reads.
 """
 
 from __future__ import annotations
@@ -18,39 +19,14 @@ from collections.abc import Iterable
 
 import msgspec
 
+from hcs_bus import plannotes
 from hcs_bus.demands import Demand
-from hcs_bus.messages import Plan
+from hcs_bus.plannotes import PlanNote, encode, note_of
 from injector.guarding import PLAN, PLAN_SIG, PLEDGE
 
+__all__ = ["PlanNote", "decode", "encode", "note_annotations", "note_of", "signature", "verified"]
 
-class PlanNote(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Exactly the fields the scheduler's bind decodes (strictly) from ``hcs.io/plan``."""
-
-    vendor: str
-    model: str
-    devices: int
-    vram_mib_per_device: int
-    whole_device: bool = False
-    acu_per_device: float = 0.0
-
-
-_ENCODER = msgspec.json.Encoder(order="deterministic")
-_DECODER = msgspec.json.Decoder(PlanNote)
-
-
-def note_of(plan: Plan) -> PlanNote:
-    return PlanNote(
-        vendor=plan.vendor,
-        model=plan.model,
-        devices=plan.devices,
-        vram_mib_per_device=plan.vram_mib_per_device,
-        whole_device=plan.whole_device,
-        acu_per_device=plan.acu_per_device,
-    )
-
-
-def encode(note: PlanNote) -> str:
-    return _ENCODER.encode(note).decode()
+_ENCODER = msgspec.json.Encoder(order="deterministic")  # what the signature covers
 
 
 def signature(
@@ -98,7 +74,8 @@ def verified(
 
 
 def decode(text: str) -> PlanNote | None:
+    """The note in ``text``, or None when it is not one."""
     try:
-        return _DECODER.decode(text)
+        return plannotes.decode(text)
     except msgspec.MsgspecError:
         return None

@@ -108,12 +108,15 @@ def _uid(body: bytes) -> str | None:
 
 
 class Answer(NamedTuple):
-    """What to send back: HTTP status and body, plus a label for metrics."""
+    """What to send back: HTTP status and body, plus labels for metrics
+    (``result``; ``reason`` for a refusal) and whether to close the connection."""
 
     status: int
     body: bytes
     result: str
     content_type: str = "application/json"
+    reason: str = ""
+    close: bool = False
 
 
 def _review(response: dict[str, Any]) -> bytes:
@@ -135,13 +138,21 @@ def allow(
 _REASONS = {400: "BadRequest", 403: "Forbidden", 422: "Invalid", 503: "ServiceUnavailable"}
 
 
-def deny(uid: str, message: str, *, code: int = 403, warnings: list[str] | None = None) -> Answer:
+def deny(
+    uid: str,
+    message: str,
+    *,
+    reason: str,
+    code: int = 403,
+    warnings: list[str] | None = None,
+) -> Answer:
+    """A refusal; ``reason`` labels it in the refusal counter."""
     status = {"code": code, "reason": _REASONS.get(code, "Forbidden"), "message": message}
     response: dict[str, Any] = {"uid": uid, "allowed": False, "status": status}
     if warnings:
         response["warnings"] = warnings
-    return Answer(200, _review(response), "denied")
+    return Answer(200, _review(response), "denied", reason=reason)
 
 
 def bad(error: BadReview) -> Answer:
-    return Answer(400, f"{error}\n".encode(), "bad_request", "text/plain")
+    return Answer(400, f"{error}\n".encode(), "bad_request", "text/plain", reason="bad_review")

@@ -3,9 +3,12 @@
 
 ``Injector(bus, settings).start()`` serves on ``settings.injector.host:port``
 with the certificate files ``cert_file``/``key_file``, reloaded when they
-change. Plans come from ``hcs.place`` over the bus. Never answers 500: bad
-envelopes get 400 with a text message, oversized bodies 413, everything else
-an AdmissionReview.
+change. Plans come over the bus: ``hcs.place`` (pledging) or ``hcs.place.dry``
+(an admission dry run). Never answers 500: bad
+envelopes and bodies that are not what their ``Content-Encoding`` says get 400
+with a text message, oversized bodies (decoded size included) 413, everything
+else an AdmissionReview. Every refusal, of a body or of a pod, is counted in
+``hcs_injector_refusals`` by reason.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hcs_bus import subjects, tasks
+from hcs_bus import httpbodies, subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.errors import ConfigError
 from hcs_bus.messages import Plan, PlanRequest
@@ -37,6 +40,13 @@ ADMISSIONS = zero_init(
     _meter.create_counter("hcs_injector_admissions", description="admission answers"),
     {"result": "allowed"},
 )
+REFUSALS = zero_init(
+    _meter.create_counter(
+        "hcs_injector_refusals", description="admissions refused (pods and bodies), by reason"
+    ),
+    {"reason": "privileged"},
+    {"reason": "reserved_annotation"},
+)
 LATENCY = _meter.create_histogram(
     "hcs_injector_admission_seconds",
     unit="s",
@@ -50,7 +60,8 @@ API_SERVER_MARGIN_S = 0.5
 
 def bus_planner(bus: Bus) -> Planner:
     async def plan(request: PlanRequest, timeout_s: float) -> Plan:
-        return await bus.request(subjects.PLACE, request, Plan, timeout_s=timeout_s)
+        subject = subjects.place(dry_run=request.dry_run)  # hcs.place pledges, .dry does not
+        return await bus.request(subject, request, Plan, timeout_s=timeout_s)
 
     return plan
 
@@ -144,25 +155,29 @@ class Injector:
         answer = await self._answer(request)
         LATENCY.record(loop.time() - started, {"result": answer.result})
         ADMISSIONS.add(1, {"result": answer.result})
-        return web.Response(
+        if answer.reason:
+            REFUSALS.add(1, {"reason": answer.reason})
+        response = web.Response(
             status=answer.status, body=answer.body, content_type=answer.content_type
         )
+        if answer.close:
+            response.force_close()
+        return response
 
     async def _answer(self, request: web.Request) -> Answer:
         limit = self.settings.injector.max_body_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            return _too_large(length, limit)
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _too_large(None, limit)
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+        body = await httpbodies.read_body(request, limit=limit, setting="injector.max_body_bytes")
+        if isinstance(body, httpbodies.Refusal):
+            _log.warning(
+                "admission_body_refused", reason=body.reason, status=body.status, error=body.message
+            )
             return Answer(
-                400,
-                f"truncated or unreadable body: {exc!r}\n".encode(),
-                "bad_request",
+                body.status,
+                f"{body.message}\n".encode(),
+                "too_large" if body.status == 413 else "bad_request",
                 "text/plain",
+                reason=body.reason,
+                close=body.close,
             )
         return await self.admitter.admit(body, budget_s=self.budget_s(request))
 
@@ -176,13 +191,6 @@ class Injector:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=metrics_text(), content_type="text/plain")
-
-
-def _too_large(length: int | None, limit: int) -> Answer:
-    size = f"{length} bytes" if length is not None else "the body"
-    return Answer(
-        413, f"{size} exceeds max_body_bytes ({limit})\n".encode(), "too_large", "text/plain"
-    )
 
 
 async def serve(

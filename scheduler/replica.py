@@ -1,5 +1,8 @@
 """One scheduler replica: the view, the plan service, the extender, the
-release watcher, the Node label watcher and the expiry loop, wired together."""
+console, the release watcher, the Node label watcher and the expiry loop,
+wired together. The extender (``extender_host:extender_port``, mutual TLS off
+loopback) and the console (``console_host:console_port``, behind its token)
+are two servers of the same replica."""
 
 from __future__ import annotations
 
@@ -19,11 +22,12 @@ from hcs_bus.bus import Bus
 from hcs_bus.errors import ConfigError, HcsError
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.profiles import load as load_profiles
-from hcs_bus.settings import Settings
+from hcs_bus.settings import SchedulerSettings, Settings
 from hcs_bus.telemetry import logger, meter
+from hcs_bus.tls import ReloadingTls, server_context
 from scheduler.console import http as console
 from scheduler.extender import rules as placing
-from scheduler.extender.http import Extender, serve
+from scheduler.extender.http import Extender, client_certificates, serve, server_tls
 from scheduler.ledger import pledge_store as pledging
 from scheduler.ledger import release_loop as watching
 from scheduler.ledger.pledge_store import Pledger
@@ -39,6 +43,7 @@ from scheduler.view.state import ClusterState
 _log = logger("hcs.scheduler")
 TYPICAL_REQUEST_MIB = 8192
 SETTLE_S = 5.0  # longest a stopping replica spends writing its deferred marks
+TLS_RELOAD_S = 2.0  # how often the servers look for rotated certificate files
 _states: weakref.WeakSet[ClusterState] = weakref.WeakSet()
 
 
@@ -65,14 +70,16 @@ class Scheduler:
     runner: web.AppRunner | None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     strands: stranding.Stranding | None = None  # with a cluster only
+    console_runner: web.AppRunner | None = None
 
     @property
     def port(self) -> int | None:
-        if self.runner is None:
-            return None
-        for address in self.runner.addresses:
-            return int(address[1])
-        return None
+        """The extender's port."""
+        return _port(self.runner)
+
+    @property
+    def console_port(self) -> int | None:
+        return _port(self.console_runner)
 
     async def stop(self) -> None:
         from hcs_bus import tasks
@@ -80,15 +87,83 @@ class Scheduler:
         running, self.tasks = self.tasks, []
         await tasks.stop(*running)
         await self.service.stop()
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
+        for runner in (self.console_runner, self.runner):
+            if runner is not None:
+                await runner.cleanup()
+        self.runner = self.console_runner = None
         try:  # the marks of pods bound last: written now, not left to expiry
             async with asyncio.timeout(SETTLE_S):
                 await self.booker.settle()
         except (TimeoutError, HcsError) as exc:
             _log.warning("marks_not_settled", error=repr(exc))
         await self.view.stop()
+
+
+def _port(runner: web.AppRunner | None) -> int | None:
+    if runner is None:
+        return None
+    for address in runner.addresses:
+        return int(address[1])
+    return None
+
+
+@dataclass(frozen=True)
+class _Serving:
+    """What the two servers need from the settings, read before anything starts
+    (a bad TLS setting stops the replica at once)."""
+
+    extender_tls: ReloadingTls | None
+    console_tls: ReloadingTls | None
+    console_token: str | None
+
+    @classmethod
+    def of(cls, cfg: SchedulerSettings) -> _Serving:
+        console_tls = None
+        if cfg.console_cert_file and cfg.console_key_file:
+            console_tls = server_context(
+                cfg.console_cert_file,
+                cfg.console_key_file,
+                settings="scheduler.console_cert_file, console_key_file",
+            )
+        elif cfg.console_cert_file or cfg.console_key_file:
+            raise ConfigError("scheduler.console_cert_file and console_key_file go together")
+        return cls(server_tls(cfg), console_tls, console.read_token(cfg))
+
+
+async def _servers(
+    cfg: SchedulerSettings, serving: _Serving, extender: Extender, pool: console.Console
+) -> tuple[web.AppRunner, web.AppRunner, list[asyncio.Task[Any]]]:
+    """The extender's server and the console's, each with its TLS, and the
+    tasks that reload their certificates."""
+    from hcs_bus import tasks
+
+    app = extender.app()
+    extender_tls, console_tls = serving.extender_tls, serving.console_tls
+    if extender_tls is not None and extender_tls.client_ca_file is not None:
+        app.middlewares.append(client_certificates(allowed=cfg.extender_client_names))
+    console_app = console.app(pool, token=serving.console_token, secure=console_tls is not None)
+    runner = await serve(
+        app,
+        host=cfg.extender_host,
+        port=cfg.extender_port,
+        ssl_context=extender_tls.context if extender_tls else None,
+    )
+    try:
+        console_runner = await console.serve(
+            console_app,
+            host=cfg.console_host,
+            port=cfg.console_port,
+            ssl_context=console_tls.context if console_tls else None,
+        )
+    except BaseException:
+        await runner.cleanup()
+        raise
+    reloading = [
+        tasks.start(t.watch(interval_s=TLS_RELOAD_S), name=f"tls-reload:{name}")
+        for name, t in (("extender", extender_tls), ("console", console_tls))
+        if t is not None
+    ]
+    return runner, console_runner, reloading
 
 
 def profile_db() -> ProfileDB:
@@ -112,6 +187,7 @@ async def run(
     from hcs_bus import tasks
 
     cfg = settings.scheduler
+    serving = _Serving.of(cfg) if http else None
     view = ClusterView(bus, settings=cfg)
     if kube is not None:
         view.nodes_synced = asyncio.Event()
@@ -152,12 +228,14 @@ async def run(
     await view.start()
     service = PlanService(bus, planner=planner, booker=booker)
     await service.start()
-    runner = None
-    if http:
-        app = extender.app()
-        console.mount(app, console.Console(view, bus=bus, profiles=planner.profiles, quotas=quotas))
-        runner = await serve(app, host=cfg.extender_host, port=cfg.extender_port)
-    running = [tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")]
+    runner = console_runner = None
+    running: list[asyncio.Task[Any]] = []
+    if serving is not None:
+        pool = console.Console(view, bus=bus, profiles=planner.profiles, quotas=quotas)
+        runner, console_runner, running = await _servers(cfg, serving, extender, pool)
+    running.append(
+        tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")
+    )
     running.append(tasks.start(pledging.sweep_loop(pledger), name="pledge-sweep"))
     strands = None
     if kube is not None:
@@ -182,4 +260,6 @@ async def run(
         )
         running.append(tasks.start(strands.run(ready=view.ready), name="stranding"))
     _log.info("scheduler_started", replica=replica, cluster=kube is not None)
-    return Scheduler(view, planner, booker, service, extender, runner, running, strands)
+    return Scheduler(
+        view, planner, booker, service, extender, runner, running, strands, console_runner
+    )

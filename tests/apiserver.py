@@ -1,5 +1,5 @@
 """An in-repo double of kube-apiserver for exactly the endpoints ``hcs_bus.kube``
-uses, behaving as the real one does for them (DESIGN §5):
+uses, behaving as the real one does for them (docs/architecture.md#testing):
 
 - every write bumps one global ``resourceVersion``; a write carrying a stale
   ``metadata.resourceVersion`` (PUT, or a patch that sets it) → 409 Conflict;

@@ -1,5 +1,5 @@
 """Shared fixtures: a real nats-server -js per test session on a free port
-(DESIGN §5), a fresh bus connection per test with streams initialised, and a
+(docs/architecture.md#testing), a fresh bus connection per test with streams initialised, and a
 guard that fails a test which leaks tasks."""
 
 from __future__ import annotations

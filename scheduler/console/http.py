@@ -1,5 +1,12 @@
 """The read-only web console of the compute pool, served by each scheduler
-replica on the extender's port (``mount`` adds it to the extender's app).
+replica on a port of its own (``scheduler.console_port``; ``app`` builds it).
+
+Every request needs the console's bearer token (``scheduler.console_token``
+or ``console_token_file``): ``Authorization: Bearer <token>``, or the cookie
+``hcs_console_token`` that opening ``/console/?token=<token>`` once sets
+(HttpOnly, SameSite=Strict; the page then drops the token from the address
+bar). Without it: 401 with a message saying how to pass it (JSON under
+/api/), logged and counted in ``hcs_console_refusals`` by reason.
 
     GET /console/                 the page (static files in scheduler/console/static)
     GET /api/overview             classes, nodes, jobs, namespaces, alerts (panels.overview)
@@ -23,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import hmac
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,19 +40,26 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
-from hcs_bus import checkpoint, tasks
+from hcs_bus import checkpoint, tasks, tls
 from hcs_bus.bus import Bus, Delivery, Follower
 from hcs_bus.errors import HcsError
 from hcs_bus.messages import CheckpointEvent, HealthEvent
 from hcs_bus.profiles import ProfileDB
-from hcs_bus.telemetry import logger
+from hcs_bus.settings import SchedulerSettings
+from hcs_bus.telemetry import logger, meter
 from scheduler.console import panels
 from scheduler.plan.rules import QuotaLimits
 from scheduler.quota.source import QuotaSource
 from scheduler.view.follow_loop import ClusterView, health_follower
 
 _log = logger("hcs.scheduler.console")
+REFUSALS = meter("hcs.scheduler").create_counter(
+    "hcs_console_refusals", description="console requests refused (HTTP 401), by reason"
+)
+TOKEN_COOKIE = "hcs_console_token"
+PAGE_PATHS = frozenset({"/console", "/console/"})  # where ?token= is taken
 DATA = Path(__file__).with_name("static")
 PAGE_POLICY = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:"
 _ENCODER = msgspec.json.Encoder()
@@ -287,6 +303,85 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return refuse(404, f"no console API at {request.path}")
 
 
+def read_token(cfg: SchedulerSettings) -> str | None:
+    """The console's token: ``console_token``, else the first line of
+    ``console_token_file``; None (every request refused) when neither gives one."""
+    if cfg.console_token:
+        return cfg.console_token
+    if not cfg.console_token_file:
+        _log.warning("console_without_token", setting="scheduler.console_token_file")
+        return None
+    try:
+        lines = Path(cfg.console_token_file).read_text().splitlines()
+    except OSError as exc:
+        _log.warning("console_token_unread", file=cfg.console_token_file, error=str(exc))
+        return None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        _log.warning("console_token_empty", file=cfg.console_token_file)
+    return token or None
+
+
+def app(console: Console, *, token: str | None, secure: bool) -> web.Application:
+    """The console's own application: every route behind ``token``
+    (``secure``: served over HTTPS, so the cookie is Secure too)."""
+    application = web.Application(middlewares=[_authenticated(token, secure=secure)])
+    mount(application, console)
+    return application
+
+
+def _authenticated(token: str | None, *, secure: bool) -> Middleware:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = _offered(request)
+        if token is None:
+            return _unauthorized(
+                request,
+                reason="no_token_configured",
+                text="the console has no token configured (scheduler.console_token_file, "
+                "Secret hcs-console-token): it serves no one",
+            )
+        if given is None:
+            return _unauthorized(
+                request,
+                reason="no_token",
+                text="the console needs its token: open /console/?token=TOKEN once, "
+                "or send the header Authorization: Bearer TOKEN",
+            )
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return _unauthorized(request, reason="wrong_token", text="the console token is wrong")
+        response = await handler(request)
+        if request.path in PAGE_PATHS and "token" in request.query:
+            response.set_cookie(
+                TOKEN_COOKIE, token, path="/", httponly=True, samesite="Strict", secure=secure
+            )
+        return response
+
+    return check
+
+
+def _offered(request: web.Request) -> str | None:
+    """The token a request carries: its bearer header, ``?token=`` on the
+    page, or the cookie; None for none."""
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    if request.path in PAGE_PATHS and request.query.get("token"):
+        return request.query["token"]
+    return request.cookies.get(TOKEN_COOKIE) or None
+
+
+def _unauthorized(request: web.Request, *, reason: str, text: str) -> web.Response:
+    _log.warning("console_refused", reason=reason, path=request.path, peer=request.remote)
+    REFUSALS.add(1, {"reason": reason})
+    headers = {"WWW-Authenticate": 'Bearer realm="hcs-console"'}
+    if request.path.startswith("/api/"):
+        response = refuse(401, text)
+        response.headers.update(headers)
+        return response
+    return web.Response(status=401, text=f"hcs: {text}\n", headers=headers)
+
+
 def mount(app: web.Application, console: Console) -> None:
     """Serve the console from ``app``; its inputs start and stop with the app."""
     app[CONSOLE] = console
@@ -304,8 +399,9 @@ def mount(app: web.Application, console: Console) -> None:
     app.on_shutdown.append(_closing)
 
 
-async def _to_page(_request: web.Request) -> web.Response:
-    raise web.HTTPPermanentRedirect("/console/")
+async def _to_page(request: web.Request) -> web.Response:
+    query = f"?{request.query_string}" if request.query_string else ""
+    raise web.HTTPPermanentRedirect(f"/console/{query}")
 
 
 async def _lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -317,3 +413,16 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
 
 async def _closing(app: web.Application) -> None:
     app[CONSOLE].close()
+
+
+async def serve(
+    application: web.Application, *, host: str, port: int, ssl_context: ssl.SSLContext | None
+) -> web.AppRunner:
+    runner = web.AppRunner(application, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+    scheme = "https" if ssl_context is not None else "http"
+    if ssl_context is None and not tls.is_loopback(host):
+        _log.warning("console_plain_http", host=host, port=port, note="its token crosses in clear")
+    _log.info("console_listening", host=host, port=port, scheme=scheme)
+    return runner

@@ -3,6 +3,11 @@
 ``k8s.io/kube-scheduler/extender/v1``; ``/healthz``, ``/readyz`` (200 only
 after the view's replay), ``/metrics``.
 
+Callers: HTTPS (``server_tls``) where kube-scheduler presents a client
+certificate chaining to ``scheduler.extender_client_ca_file`` and naming one
+of ``extender_client_names`` (``client_certificates``: 401 without one, 403
+for another name; the probes need none). Plain HTTP on loopback only.
+
 Malformed arguments get HTTP 400 with the reason; a pod HCS cannot serve gets
 an answer that says why, never a 500. A pod no node could ever hold (it
 cannot be read, its plan is refused, it needs more devices than any node
@@ -13,12 +18,14 @@ Per-node fit and score parts are cached per demand and dropped for a node the
 moment the view changes it, so a filter over 5,000 names is dict look-ups.
 
 Hostile input: the caches are bounded (``scheduler.extender.caches``); bodies over
-``max_body_bytes`` get 413 with the limit; undecodable ones 400; name lists
+``max_body_bytes`` (decoded size, under any ``Content-Encoding``) get 413 with
+the limit; undecodable ones (bad gzip, bad JSON) 400, each counted in
+``hcs_extender_refusals`` by verb and reason; name lists
 and victim maps are walked in chunks of ``CHUNK`` that yield to the event loop,
 so plan requests and other calls keep being answered during a 500k-name
 filter. A quantity no pod could ask for (``1e400``, ``nan``, an exponent past
 any number) is the pod's fault, not the envelope's: kube-scheduler wants
-HTTP 200 for that (DESIGN §6), so filter answers ``FailedAndUnresolvableNodes``
+HTTP 200 for that (docs/architecture.md#kubernetes-wire-facts), so filter answers ``FailedAndUnresolvableNodes``
 naming the resource, prioritize scores 0, preempt proposes nothing and bind
 answers ``Error`` with the reason.
 """
@@ -26,14 +33,18 @@ answers ``Error`` with the reason.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
-from hcs_bus import units
+from hcs_bus import httpbodies, tls, units
+from hcs_bus.errors import ConfigError
+from hcs_bus.settings import SchedulerSettings
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text
 from scheduler.extender import caches as caching
 from scheduler.extender import rules as placing
@@ -55,6 +66,9 @@ from scheduler.view.state import pod_key
 _log = logger("hcs.scheduler.extender")
 _meter = meter("hcs.scheduler")
 CALLS = _meter.create_counter("hcs_extender_calls", description="extender calls by verb")
+REFUSALS = _meter.create_counter(
+    "hcs_extender_refusals", description="extender calls refused (HTTP 4xx), by verb and reason"
+)
 SECONDS = _meter.create_histogram(
     "hcs_extender_seconds",
     unit="s",
@@ -110,19 +124,18 @@ class Extender:
                 SECONDS.record(time.perf_counter() - started, {"verb": verb})
 
         async def answer(request: web.Request) -> web.Response:
-            size = request.content_length
-            try:
-                if size is not None and size > limit:
-                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                _log.warning("extender_body_too_large", verb=verb, size=size, limit=limit)
-                text = f"hcs: {verb} body is over the limit of {limit} bytes"
-                return web.Response(status=413, text=text)
+            body = await httpbodies.read_body(request, limit=limit)
+            if isinstance(body, httpbodies.Refusal):
+                _log.warning(
+                    "extender_body_refused", verb=verb, reason=body.reason, error=body.message
+                )
+                REFUSALS.add(1, {"verb": verb, "reason": body.reason})
+                return body._replace(message=f"hcs: {verb}: {body.message}").response()
             try:
                 answer = await handler(body)
             except msgspec.MsgspecError as exc:
                 _log.warning("bad_extender_args", verb=verb, error=str(exc))
+                REFUSALS.add(1, {"verb": verb, "reason": "bad_arguments"})
                 return web.Response(status=400, text=f"bad {verb} arguments: {exc}")
             except Exception as exc:  # a reason for kube-scheduler, never a bare 500
                 _log.error("extender_failed", verb=verb, error=repr(exc), exc_info=exc)
@@ -506,10 +519,89 @@ def _failed(
     return None
 
 
-async def serve(app: web.Application, *, host: str, port: int) -> web.AppRunner:
+# -- serving: HTTPS, and kube-scheduler's client certificate -------------------
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no certificate
+VERBS = frozenset({"filter", "prioritize", "bind", "preempt", "metrics"})
+
+
+def server_tls(cfg: SchedulerSettings) -> tls.ReloadingTls | None:
+    """The extender's HTTPS context from ``cfg`` (its client CA too), or None
+    for plain HTTP, which only a loopback ``extender_host`` may serve: off
+    loopback a server certificate and a client CA are required."""
+    pair = (cfg.extender_cert_file, cfg.extender_key_file)
+    if any(pair) and not all(pair):
+        raise ConfigError("scheduler.extender_cert_file and extender_key_file go together")
+    if cfg.extender_client_names and not cfg.extender_client_ca_file:
+        raise ConfigError(
+            "scheduler.extender_client_names needs extender_client_ca_file "
+            "(the CA that signs kube-scheduler's client certificate)"
+        )
+    if cfg.extender_client_ca_file and not all(pair):
+        raise ConfigError("scheduler.extender_client_ca_file needs extender_cert_file (HTTPS)")
+    if not tls.is_loopback(cfg.extender_host) and not cfg.extender_client_ca_file:
+        raise ConfigError(
+            f"scheduler.extender_host {cfg.extender_host} is not loopback: the extender "
+            "takes binds there only over mutual TLS (set extender_cert_file, "
+            "extender_key_file and extender_client_ca_file)"
+        )
+    if cfg.extender_cert_file and cfg.extender_key_file:
+        return tls.server_context(
+            cfg.extender_cert_file,
+            cfg.extender_key_file,
+            client_ca_file=cfg.extender_client_ca_file,
+            settings="scheduler.extender_cert_file, extender_key_file, extender_client_ca_file",
+        )
+    return None
+
+
+def client_certificates(*, allowed: Collection[str]) -> Middleware:
+    """Only a caller with a verified client certificate (``server_tls``
+    checked its chain) that names one of ``allowed`` (any, when empty)
+    reaches a verb or ``/metrics``; the probes stay open. A caller without
+    one gets 401, one with another name 403: each logged and counted in
+    ``hcs_extender_refusals``."""
+    wanted = frozenset(allowed)
+
+    @web.middleware
+    async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        transport = request.transport
+        names = tls.peer_names(transport.get_extra_info("peercert") if transport else None)
+        if not names:
+            text = (
+                "hcs: the extender serves kube-scheduler only: present its client "
+                "certificate (tlsConfig certFile and keyFile of the extender entry)"
+            )
+            return _refused(request, status=401, reason="no_client_certificate", text=text)
+        if wanted and not names & wanted:
+            text = (
+                f"hcs: client certificate for {sorted(names)} is not one of "
+                f"scheduler.extender_client_names {sorted(wanted)}"
+            )
+            return _refused(request, status=403, reason="client_not_allowed", text=text)
+        return await handler(request)
+
+    return admit
+
+
+def _refused(request: web.Request, *, status: int, reason: str, text: str) -> web.Response:
+    verb = request.path.strip("/")
+    verb = verb if verb in VERBS else "other"
+    _log.warning("extender_caller_refused", verb=verb, reason=reason, peer=request.remote)
+    REFUSALS.add(1, {"verb": verb, "reason": reason})
+    return web.Response(status=status, text=text)
+
+
+async def serve(
+    app: web.Application, *, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
-    _log.info("extender_listening", host=host, port=port)
+    scheme = "https" if ssl_context is not None else "http"
+    if ssl_context is None:
+        _log.warning("extender_plain_http", host=host, port=port, note="loopback only")
+    _log.info("extender_listening", host=host, port=port, scheme=scheme)
     return runner

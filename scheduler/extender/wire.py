@@ -1,4 +1,4 @@
-"""The JSON of ``k8s.io/kube-scheduler/extender/v1`` (DESIGN §6).
+"""The JSON of ``k8s.io/kube-scheduler/extender/v1`` (docs/architecture.md#kubernetes-wire-facts).
 
 Keys are the capitalised Go field names. kube-scheduler owns these
 documents, so what it sends (``ExtenderArgs``, ``ExtenderBindingArgs``,

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from hcs_bus import vocabulary
+from hcs_bus import jobs, vocabulary
 from hcs_bus.messages import DeviceFingerprint, DeviceSlice, NodeReservations, PodRef, Reservation
 from scheduler.plan import pods
 
@@ -121,7 +121,7 @@ def claim_of(pod: Mapping[str, Any]) -> Claim | None:
         plan = pods.plan_annotation(dict(notes))
     except pods.BadPod:
         plan = None
-    labels: Mapping[str, str] = meta.get("labels") or {}
+    identity = jobs.read(pod, lenient=True)  # the pod holds devices whatever its job says
     return Claim(
         pod=ref_of(pod),
         node=node,
@@ -129,7 +129,7 @@ def claim_of(pod: Mapping[str, Any]) -> Claim | None:
         vram_mib=vram,
         plan=plan,
         priority=int((pod.get("spec") or {}).get("priority") or 0),
-        job=labels.get(pods.JOB_KEY) or notes.get(pods.JOB_KEY) or None,
+        job=identity.name if identity is not None else None,
         pledge=str(notes.get(vocabulary.PLEDGE) or ""),
     )
 

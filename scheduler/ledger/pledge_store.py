@@ -6,9 +6,10 @@ released when the pod is deleted.
 A namespace with a ComputeQuota: plan and pledge are one step per namespace.
 The namespace's document is read (or taken from the last write), the plan is
 computed with every outstanding pledge counted, and the pledge is written
-with compare-and-set on the document's revision; a lost race re-plans
-against the winner's document. One lock per namespace keeps a replica from
-racing itself.
+with compare-and-set on the document's revision (``hcs_bus.kvcas``); a lost
+race re-plans against the winner's document, and a batch that pledges
+nothing is answered on a document just read. One lock per namespace keeps a
+replica from racing itself.
 
 A namespace without one: each pledge is created under its own key and
 counted here at once (before the create is answered), so the next plan of a
@@ -26,14 +27,14 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.errors import Error as NatsError
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError
+from hcs_bus import kvcas
+from hcs_bus.errors import BusUnavailable, HcsError
 from hcs_bus.messages import Plan, PlanRequest, PodRef
 from hcs_bus.telemetry import logger, meter
 from scheduler.ledger import pledge_rules as pledges
@@ -45,7 +46,7 @@ from scheduler.plan.pods import PlanAnnotation as Sizing
 _log = logger("hcs.scheduler.pledging")
 _meter = meter("hcs.scheduler")
 PLEDGES = _meter.create_counter("hcs_scheduler_pledges", description="pledge outcomes")
-MAX_ATTEMPTS = 50
+MAX_ATTEMPTS = 50  # writes of one key tried before giving up (``hcs_bus.kvcas``)
 COMPACT_EVERY_S = 600.0  # delete markers of pledge keys older than this are purged
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(NamespacePledges)
@@ -80,8 +81,23 @@ class _Tally:
     count: int
 
 
+_R = TypeVar("_R")
 _Waiting = tuple[PlanRequest, PlanFn, bool]  # a request, its planner, whether quoted
 _Result = Plan | BaseException
+# a batch planned: (plans, (index, pledge) made, what they hold per class, in all)
+_Planned = tuple[list[Plan], list[tuple[int, Pledge]], dict[str, pledges.Held], pledges.Held]
+
+
+@dataclass(frozen=True, slots=True)
+class _Spent:
+    """What a spend at bind decided: ``refusal`` ("" when the pod may
+    reserve), the pledge id to record, the outcome to count ("" none) and why
+    the pod was re-planned ("" when it was not)."""
+
+    refusal: str
+    pledge: str
+    outcome: str = ""
+    why: str = ""
 
 
 class Pledger:
@@ -177,72 +193,46 @@ class Pledger:
         )
 
     async def read(self, namespace: str) -> _Held:
-        key = pledges.key_for(namespace)
-        try:
-            entry = await self.kv.get(key)
-        except KeyNotFoundError:
-            return _Held(None, None)
-        except NatsError as exc:
-            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
-        held = _Held(None, entry.revision)
-        if entry.value:
-            try:
-                held = _Held(_DECODER.decode(entry.value), entry.revision)
-            except msgspec.MsgspecError as exc:
-                raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
-        self._remember(namespace, held)
-        return held
+        """The namespace's document as KV holds it now (kept in ``docs``)."""
+        found = await kvcas.read(self.kv, pledges.key_for(namespace), decode=_DECODER.decode)
+        self._seen(namespace, found)
+        return _Held(found.value, found.revision)
 
-    async def write(self, namespace: str, doc: NamespacePledges, *, revision: int | None) -> None:
-        key, data = pledges.key_for(namespace), _ENCODER.encode(doc)
-        try:
-            if revision is None:
-                rev = await self.kv.create(key, data)
-            else:
-                rev = await self.kv.update(key, data, last=revision)
-        except KeyWrongLastSequenceError as exc:
-            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
-        except NatsError as exc:  # a create that lost its race lands here too
-            if revision is None and "wrong last sequence" in str(exc).lower():
-                raise CasConflict(f"{key}: created meanwhile") from exc
-            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
-        self._remember(namespace, _Held(doc, int(rev)))
+    async def _update(
+        self,
+        namespace: str,
+        decide: kvcas.Decide[NamespacePledges, _R],
+        *,
+        known: _Held | None = None,
+    ) -> _R:
+        """Compare-and-set the namespace's document (``hcs_bus.kvcas``), every
+        version read or written kept in ``docs`` before ``decide`` sees it."""
+        return await kvcas.update(
+            self.kv,
+            pledges.key_for(namespace),
+            decide,
+            decode=_DECODER.decode,
+            encode=_ENCODER.encode,
+            known=kvcas.Read(known.doc, known.revision) if known is not None else None,
+            seen=lambda found: self._seen(namespace, found),
+            attempts=MAX_ATTEMPTS,
+        )
+
+    def _seen(self, namespace: str, found: kvcas.Read[NamespacePledges]) -> None:
+        if found.revision is not None:
+            self._remember(namespace, _Held(found.value, found.revision))
 
     def _remember(self, namespace: str, held: _Held) -> None:
         now = self.docs.get(namespace)
         if now is None or now.revision is None or (held.revision or 0) >= now.revision:
             self.docs[namespace] = held
 
-    async def _read_own(self, ns: str, pledge_id: str) -> _Own | None:
-        key = pledges.key_for(ns, pledge_id)
-        try:
-            entry = await self.kv.get(key)
-        except KeyNotFoundError:
-            return None
-        except NatsError as exc:
-            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
-        if not entry.value:
-            return None
-        try:
-            own = _Own(_ONE.decode(entry.value), entry.revision)
-        except msgspec.MsgspecError as exc:
-            raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
-        self._remember_own(ns, pledge_id, own.pledge, entry.revision or 0)
-        return own
-
-    async def _write_own(self, ns: str, pledge: Pledge, *, revision: int | None) -> int:
-        """Create (``revision`` None) or compare-and-set one pledge's key."""
-        key, data = pledges.key_for(ns, pledge.id), _ENCODER.encode(pledge)
-        try:
-            if revision is None:
-                return int(await self.kv.create(key, data))
-            return int(await self.kv.update(key, data, last=revision))
-        except KeyWrongLastSequenceError as exc:
-            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
-        except NatsError as exc:
-            if "wrong last sequence" in str(exc).lower():
-                raise CasConflict(f"{key}: changed meanwhile") from exc
-            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
+    async def _write_own(self, ns: str, pledge: Pledge) -> int:
+        """Create one pledge's key (its id is fresh: a conflict is ``CasConflict``)."""
+        key = pledges.key_for(ns, pledge.id)
+        written = await kvcas.write(self.kv, key, _ENCODER.encode(pledge), revision=None)
+        assert written is not None  # a put answers its revision
+        return written
 
     async def _delete_own(self, ns: str, pledge_id: str, *, revision: int | None) -> bool:
         """Delete one pledge's key (at ``revision`` when given); False when it
@@ -250,10 +240,8 @@ class Pledger:
         key = pledges.key_for(ns, pledge_id)
         try:
             await self.kv.delete(key, last=revision)
-        except KeyWrongLastSequenceError:
-            return False
         except NatsError as exc:
-            if "wrong last sequence" in str(exc).lower():
+            if kvcas.lost_race(exc):
                 return False
             raise BusUnavailable(f"hcs: cannot delete {key}: {exc!r}") from exc
         mine = self.keyed.get(ns, {})
@@ -346,9 +334,7 @@ class Pledger:
             return list(await self._plan_batch(ns, batch))
         return await self._plan_own(ns, batch)
 
-    async def _plan_all(
-        self, ns: str, batch: list[_Waiting], base: planning.Summary
-    ) -> tuple[list[Plan], list[tuple[int, Pledge]], dict[str, pledges.Held], pledges.Held]:
+    async def _plan_all(self, ns: str, batch: list[_Waiting], base: planning.Summary) -> _Planned:
         """Plan the batch in order, each against the pledges before it:
         (plans, (index, pledge) made, what they hold per class, in all)."""
         made: list[tuple[int, Pledge]] = []
@@ -361,7 +347,6 @@ class Pledger:
                 summary = planning.charged(base, by_class=by_class, by_namespace={ns: total})
             found = await plan(request, summary)
             if not found.ok or found.devices < 1:
-                PLEDGES.add(1, {"outcome": "refused"})
                 out.append(found)
                 continue
             pledge = self._pledge(request, found)
@@ -372,31 +357,37 @@ class Pledger:
         return out, made, by_class, total
 
     async def _plan_batch(self, ns: str, batch: list[_Waiting]) -> list[Plan]:
-        """A namespace with a quota: the batch's pledges join its document."""
-        held = self.docs.get(ns) or await self.read(ns)
-        for _attempt in range(MAX_ATTEMPTS):
-            out, made, by_class, total = await self._plan_all(
-                ns, batch, self.charged(self.summary())
-            )
+        """A namespace with a quota: the batch's pledges join its document,
+        planned against the document known (the last one read or written, or
+        the watch's); a lost race re-plans against the winner's, and a batch
+        that pledges nothing is answered on a document just read."""
+        was: _Version = self._version(ns)
+
+        async def plan_all(
+            doc: NamespacePledges | None,
+        ) -> kvcas.Change[NamespacePledges, _Planned]:
+            nonlocal was
+            planned = await self._plan_all(ns, batch, self.charged(self.summary()))
+            made = planned[1]
             if not made:
-                return out
-            before = held.doc.pledges if held.doc is not None else ()
-            doc = NamespacePledges(namespace=ns, pledges=(*before, *(p for _i, p in made)))
-            was = self._version(ns)
-            try:
-                await self.write(ns, doc, revision=held.revision)
-            except CasConflict:
-                held = await self.read(ns)
-                continue
+                return kvcas.Keep(planned)
+            was = self._version(ns)  # the version the tally was counted at
+            before = doc.pledges if doc is not None else ()
+            added = NamespacePledges(namespace=ns, pledges=(*before, *(p for _i, p in made)))
+            return kvcas.Put(added, planned)
+
+        out, made, by_class, total = await self._update(ns, plan_all, known=self.docs.get(ns))
+        _count_refused(len(out) - len(made))
+        if made:
             self._tally_more(ns, was=was, by_class=by_class, total=total, count=len(made))
             PLEDGES.add(len(made), {"outcome": "made"})
-            return out
-        raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
+        return out
 
     async def _plan_own(self, ns: str, batch: list[_Waiting]) -> list[_Result]:
         """A namespace without a quota: each pledge is created under its own
         key, and counted here before the creates are answered."""
         out, made, by_class, total = await self._plan_all(ns, batch, self.charged(self.summary()))
+        _count_refused(len(out) - len(made))
         if not made:
             return list(out)
         mine = self.keyed.setdefault(ns, {})
@@ -406,7 +397,7 @@ class Pledger:
         self._changed(ns)
         self._tally_more(ns, was=was, by_class=by_class, total=total, count=len(made))
         written = await asyncio.gather(
-            *(self._write_own(ns, pledge, revision=None) for _i, pledge in made),
+            *(self._write_own(ns, pledge) for _i, pledge in made),
             return_exceptions=True,
         )
         results: list[_Result] = list(out)
@@ -459,33 +450,30 @@ class Pledger:
             if isinstance(own, str):
                 return "", own
             refused = own
+
+        def spend(doc: NamespacePledges | None) -> kvcas.Change[NamespacePledges, _Spent]:
+            verdict = refused or pledges.spend_verdict(doc, pledge_id, ref=ref)
+            if verdict.outcome == "again":
+                return kvcas.Keep(_Spent("", pledge_id))
+            if verdict.outcome == "spend" and doc is not None:
+                spent = pledges.spent(doc, pledge_id, ref=ref, now=self.clock())
+                return kvcas.Put(spent, _Spent("", pledge_id, "spent"))
+            why = _why(verdict, pledge_id)
+            refusal = self._over_quota(ns, sizing=sizing, quota=quota)
+            if refusal:
+                said = f"hcs: {ns}/{ref.name}: {why}; re-planned: {refusal}"
+                return kvcas.Keep(_Spent(said, "", "bind_refused", why))
+            fresh = self._fresh(ref, sizing)
+            added = pledges.with_pledge(doc, fresh, namespace=ns)
+            return kvcas.Put(added, _Spent("", fresh.id, "spent", why))
+
         async with self.lock(ns):
-            for _attempt in range(MAX_ATTEMPTS):
-                held = await self.read(ns)
-                verdict = refused or pledges.spend_verdict(held.doc, pledge_id, ref=ref)
-                if verdict.outcome == "again":
-                    return "", pledge_id
-                used = pledge_id
-                if verdict.outcome == "spend" and held.doc is not None:
-                    doc = pledges.spent(held.doc, pledge_id, ref=ref, now=self.clock())
-                else:
-                    why = _why(verdict, pledge_id)
-                    if pledge_id:
-                        _log.warning("pledge_replanned", pod=f"{ns}/{ref.name}", why=why)
-                    refusal = self._over_quota(ns, sizing=sizing, quota=quota)
-                    if refusal:
-                        PLEDGES.add(1, {"outcome": "bind_refused"})
-                        return f"hcs: {ns}/{ref.name}: {why}; re-planned: {refusal}", ""
-                    fresh = self._fresh(ref, sizing)
-                    doc = pledges.with_pledge(held.doc, fresh, namespace=ns)
-                    used = fresh.id
-                try:
-                    await self.write(ns, doc, revision=held.revision)
-                except CasConflict:
-                    continue
-                PLEDGES.add(1, {"outcome": "spent"})
-                return "", used
-        raise CasConflict(f"hcs: pledges of {ns}: {MAX_ATTEMPTS} compare-and-set conflicts")
+            done = await self._update(ns, spend)
+        if done.why and pledge_id:
+            _log.warning("pledge_replanned", pod=f"{ns}/{ref.name}", why=done.why)
+        if done.outcome:
+            PLEDGES.add(1, {"outcome": done.outcome})
+        return done.refusal, done.pledge
 
     async def _spend_own(self, ref: PodRef, pledge_id: str) -> str | pledges.Spend | None:
         """Spend a pledge kept under its own key: its id when spent (or
@@ -493,26 +481,36 @@ class Pledger:
         None when there is no such key (the namespace's document may hold it)."""
         ns = ref.namespace
         own = self.keyed.get(ns, {}).get(pledge_id)
-        for _attempt in range(MAX_ATTEMPTS):
-            if own is None or own.revision is None:
-                own = await self._read_own(ns, pledge_id)
-                if own is None:
-                    return None
-            verdict = pledges.verdict(own.pledge, ref=ref)
+
+        def spend(
+            found: Pledge | None,
+        ) -> kvcas.Change[Pledge, tuple[str | pledges.Spend | None, bool]]:
+            if found is None:
+                return kvcas.Keep((None, False))
+            verdict = pledges.verdict(found, ref=ref)
             if verdict.outcome == "again":
-                return pledge_id
+                return kvcas.Keep((pledge_id, False))
             if verdict.outcome != "spend":
-                return verdict
-            spent = pledges.spent_by(own.pledge, ref=ref, now=self.clock())
-            try:
-                rev = await self._write_own(ns, spent, revision=own.revision)
-            except CasConflict:
-                own = None  # changed meanwhile: read it again
-                continue
-            self._remember_own(ns, pledge_id, spent, rev)
+                return kvcas.Keep((verdict, False))
+            return kvcas.Put(pledges.spent_by(found, ref=ref, now=self.clock()), (pledge_id, True))
+
+        def seen(found: kvcas.Read[Pledge]) -> None:
+            if found.value is not None and found.revision is not None:
+                self._remember_own(ns, pledge_id, found.value, found.revision)
+
+        answer, spent = await kvcas.update(
+            self.kv,
+            pledges.key_for(ns, pledge_id),
+            spend,
+            decode=_ONE.decode,
+            encode=_ENCODER.encode,
+            known=kvcas.Read(own.pledge, own.revision) if own is not None else None,
+            seen=seen,
+            attempts=MAX_ATTEMPTS,
+        )
+        if spent:
             PLEDGES.add(1, {"outcome": "spent"})
-            return pledge_id
-        raise CasConflict(f"hcs: pledge {ns}/{pledge_id}: {MAX_ATTEMPTS} compare-and-set conflicts")
+        return answer
 
     def _over_quota(self, namespace: str, *, sizing: Sizing, quota: planning.QuotaLimits) -> str:
         size = planning.Sizing(
@@ -649,22 +647,24 @@ class Pledger:
         *,
         reason: str,
     ) -> int:
+        """Drop the picked pledges from the namespace's document; how many."""
+
+        def drop(doc: NamespacePledges | None) -> kvcas.Change[NamespacePledges, int]:
+            gone = pick(doc) if doc is not None else []
+            if doc is None or not gone:
+                return kvcas.Keep(0)
+            return kvcas.Put(pledges.without(doc, [p.id for p in gone]), len(gone))
+
         async with self.lock(namespace):
-            for _attempt in range(MAX_ATTEMPTS):
-                held = await self.read(namespace)
-                if held.doc is None:
-                    return 0
-                gone = pick(held.doc)
-                if not gone:
-                    return 0
-                doc = pledges.without(held.doc, [p.id for p in gone])
-                try:
-                    await self.write(namespace, doc, revision=held.revision)
-                except CasConflict:
-                    continue
-                PLEDGES.add(len(gone), {"outcome": reason})
-                return len(gone)
-        raise CasConflict(f"hcs: pledges of {namespace}: {MAX_ATTEMPTS} compare-and-set conflicts")
+            count = await self._update(namespace, drop)
+        if count:
+            PLEDGES.add(count, {"outcome": reason})
+        return count
+
+
+def _count_refused(count: int) -> None:
+    if count:
+        PLEDGES.add(count, {"outcome": "refused"})
 
 
 def _why(verdict: pledges.Spend, pledge_id: str) -> str:

@@ -1,7 +1,7 @@
-"""Reservations in KV ``hcs_alloc``: bind, release and expiry (DESIGN §1, §2.3).
+"""Reservations in KV ``hcs_alloc``: bind, release and expiry (docs/architecture.md#ledger).
 
 Every write is a compare-and-set on the node key's revision (``create`` when
-the key is absent), so two replicas can never hand out the same device
+the key is absent; ``hcs_bus.kvcas``), so two replicas can never hand out the same device
 slice: the loser re-reads the document, re-decides against it and either
 books other devices or answers "no longer fits". Fit is judged on the KV
 document itself (plus the view's fingerprint for the devices), never on the
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -34,12 +33,12 @@ from typing import Any, Protocol
 
 import msgspec
 from nats.errors import Error as NatsError
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from hcs_bus import checkpoint, messages, subjects
+from hcs_bus import checkpoint, kvcas, messages, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import BadMessage, BusUnavailable, CasConflict, HcsError, KubeNotFound
+from hcs_bus.errors import HcsError, KubeNotFound
 from hcs_bus.messages import (
     AllocationEvent,
     AllocState,
@@ -98,6 +97,8 @@ OVERCOMMITS = _meter.create_counter(
     "hcs_scheduler_overcommitted_devices",
     description="devices found holding more than they have (the ledger cannot undo it)",
 )
+# writes of a node's document tried before giving up: a rival replica writes on
+# its own last write without a read, so a loser under a burst may lose often
 MAX_ATTEMPTS = 50
 MARK_AFTER_S = 1.0  # longest a bound pod's mark waits for its node's next write
 _DOC = messages.decoder_for(NodeReservations)
@@ -188,10 +189,11 @@ class _Change:
     result: Any
 
 
-# an edit of a node document: (document, just read?) -> its change, or None
-# to be asked again on a fresh read (a no-write answer is never decided on
-# a document that may be stale)
-_Edit = Callable[[NodeReservations | None, bool], _Change | None]
+# an edit of a node document: document -> its change. The batch it is in
+# is written with ``hcs_bus.kvcas``: an answer that writes nothing is only
+# ever given on a document just read, or on one a write proved the latest
+_Edit = Callable[[NodeReservations | None], _Change]
+_Applied = tuple[list[Any], bool]  # a batch's answers, and whether it wrote the document
 
 
 class Booker:
@@ -222,23 +224,17 @@ class Booker:
 
     # -- KV documents -----------------------------------------------------
     async def read(self, node: str) -> Doc:
-        key = subjects.alloc_key(node)
-        try:
-            entry = await self.kv.get(key)
-        except KeyNotFoundError:
+        """The node's document as KV holds it now (kept for ``known``)."""
+        found = await kvcas.read(self.kv, subjects.alloc_key(node), decode=_DOC.decode)
+        self._seen(node, found)
+        return Doc(found.value, found.revision)
+
+    def _seen(self, node: str, found: kvcas.Read[NodeReservations]) -> None:
+        """Keep the document last read or written here (``known``)."""
+        if found.revision is None:
             self._docs.pop(node, None)
-            return Doc(None, None)
-        except NatsError as exc:  # timeouts, reconnects: a clear, retryable error
-            raise BusUnavailable(f"hcs: cannot read {key}: {exc!r}") from exc
-        if not entry.value:
-            held = Doc(None, entry.revision)
         else:
-            try:
-                held = Doc(_DOC.decode(entry.value), entry.revision)
-            except msgspec.MsgspecError as exc:
-                raise BadMessage(f"hcs: {key} revision {entry.revision} is corrupt: {exc}") from exc
-        self._docs[node] = held
-        return held
+            self._docs[node] = Doc(found.value, found.revision)
 
     def known(self, node: str) -> Doc | None:
         """The newest document of ``node`` known without a read: the one this
@@ -249,37 +245,12 @@ class Booker:
         lands only if that revision is still the latest, else it fails and
         the caller reads. It saves a KV round trip per write (two per bind).
         A decision that writes nothing (already there, no longer fits) is not
-        taken on it: the caller reads first (``_held``)."""
+        taken on it: ``hcs_bus.kvcas`` reads first."""
         mine = self._docs.get(node)
         seen = self.state.revision_of(node)
         if seen is not None and (mine is None or mine.revision is None or seen > mine.revision):
             return Doc(self.state.reservations_of(node), seen)
         return mine if mine is not None and mine.revision is not None else None
-
-    async def _held(self, node: str, *, fresh: bool) -> tuple[Doc, bool]:
-        """(the document to decide on, whether it was just read): the known
-        one unless ``fresh`` is asked or none is known."""
-        if not fresh and (doc := self.known(node)) is not None:
-            return doc, False
-        return await self.read(node), True
-
-    async def write(self, node: str, doc: NodeReservations, *, revision: int | None) -> int:
-        key, data = subjects.alloc_key(node), messages.encode(doc)
-        try:
-            if revision is None:
-                written = int(await self.kv.create(key, data))
-            else:
-                written = int(await self.kv.update(key, data, last=revision))
-        except KeyWrongLastSequenceError as exc:
-            CONFLICTS.add(1)
-            self._docs.pop(node, None)
-            raise CasConflict(f"{key}: revision {revision} is no longer the latest") from exc
-        except NatsError as exc:
-            self._docs.pop(node, None)
-            raise BusUnavailable(f"hcs: cannot write {key}: {exc!r}") from exc
-        WRITES.add(1)
-        self._docs[node] = Doc(doc, written)
-        return written
 
     # -- bind -------------------------------------------------------------
     async def bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
@@ -332,7 +303,7 @@ class Booker:
         if view is None:
             return f"hcs: node {node} is unknown to HCS; cannot bind {pod.ref.name}"
 
-        def reserve(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+        def reserve(doc: NodeReservations | None) -> _Change:
             current = doc.reservations if doc else ()
             mine = next((r for r in current if _same_pod(r.pod, pod.ref)), None)
             now = self.state.nodes.get(node) or view
@@ -343,8 +314,6 @@ class Booker:
                 )
                 added = NodeReservations(node=node, reservations=(*current, reservation))
                 return _Change(added, reservation)
-            if not fresh:  # nothing to write to check the known document: read it
-                return None
             if mine is not None:
                 return _Change(None, mine)
             who = f"{pod.ref.namespace}/{pod.ref.name}"
@@ -450,12 +419,12 @@ class Booker:
         bound here (``_keep_if_bound``): it may have been deleted meanwhile."""
         started = time.perf_counter()
 
-        def mark(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+        def mark(doc: NodeReservations | None) -> _Change:
             if ledger.holding(doc, reservation.pod) is None:
-                return _Change(None, "missing") if fresh else None
+                return _Change(None, "missing")
             marked = ledger.with_bound(doc, reservation, node=node)
             if marked is None:  # already bound
-                return _Change(None, None) if fresh else None
+                return _Change(None, None)
             return _Change(marked, True)
 
         def written(done: asyncio.Future[Any]) -> None:
@@ -498,10 +467,10 @@ class Booker:
         devices whatever the ledger says). True when the document changed; an
         over-commit that an addition reveals is logged and counted."""
 
-        def mark(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+        def mark(doc: NodeReservations | None) -> _Change:
             marked = ledger.with_bound(doc, reservation, node=node)
-            if marked is None:  # already bound: decided on a document just read
-                return _Change(None, None) if fresh else None
+            if marked is None:  # already bound
+                return _Change(None, None)
             added = ledger.holding(doc, reservation.pod) is None
             return _Change(marked, marked if added else True)
 
@@ -535,13 +504,13 @@ class Booker:
                 return None
             node = found[0]
 
-        def drop(doc: NodeReservations | None, fresh: bool) -> _Change | None:
+        def drop(doc: NodeReservations | None) -> _Change:
             held = doc.reservations if doc is not None else ()
             gone = [r for r in held if _same_pod(r.pod, ref)]
             if gone and doc is not None:
                 kept = tuple(r for r in held if not _same_pod(r.pod, ref))
                 return _Change(NodeReservations(node=node, reservations=kept), gone[-1])
-            return _Change(None, None) if fresh else None  # nothing to drop: on a fresh read
+            return _Change(None, None)  # nothing to drop
 
         dropped: Reservation | None = await self.batches.submit(node, drop)
         if dropped is None:
@@ -598,35 +567,41 @@ class Booker:
 
     async def _commit(self, node: str, edits: list[_Edit]) -> list[Any]:
         """Apply a batch of edits to ``node``'s document in order and write it
-        once (``batching``). An edit decided on the known document (``_held``)
-        that would write nothing is asked again on a fresh read; a lost
-        compare-and-set reads and applies the whole batch again."""
-        results: list[Any] = [None] * len(edits)
-        todo, fresh = list(range(len(edits))), False
-        for attempt in range(MAX_ATTEMPTS):
-            held, fresh = await self._held(node, fresh=fresh)
-            doc, changed, later, got = held.doc, False, [], {}
-            for i in todo:
-                change = edits[i](doc, fresh)
-                if change is None:
-                    later.append(i)
-                    continue
+        once (``group_commit``), with compare-and-set (``hcs_bus.kvcas``) on
+        the known document (``known``) first: a lost race reads the document
+        and applies the whole batch again, and a batch that writes nothing is
+        answered on a fresh read."""
+
+        def apply(doc: NodeReservations | None) -> kvcas.Change[NodeReservations, _Applied]:
+            results, changed = [], False
+            for edit in edits:
+                change = edit(doc)
                 if change.doc is not None:
                     doc, changed = change.doc, True
-                got[i] = change.result
+                results.append(change.result)
             if changed and doc is not None:
-                try:
-                    await self.write(node, doc, revision=held.revision)
-                except CasConflict:
-                    fresh = True
-                    await _backoff(attempt)
-                    continue
-            for i, result in got.items():
-                results[i] = result
-            if not later:
-                return results
-            todo, fresh = later, True
-        raise CasConflict(f"hcs: {node}: {MAX_ATTEMPTS} compare-and-set conflicts in a row")
+                return kvcas.Put(doc, (results, True))
+            return kvcas.Keep((results, False))
+
+        held = self.known(node)
+        try:
+            results, wrote = await kvcas.update(
+                self.kv,
+                subjects.alloc_key(node),
+                apply,
+                decode=_DOC.decode,
+                encode=messages.encode,
+                known=kvcas.Read(held.doc, held.revision) if held is not None else None,
+                seen=lambda found: self._seen(node, found),
+                lost=lambda: CONFLICTS.add(1),
+                attempts=MAX_ATTEMPTS,
+            )
+        except HcsError:
+            self._docs.pop(node, None)
+            raise
+        if wrote:
+            WRITES.add(1)
+        return results
 
     async def announce(
         self,
@@ -657,11 +632,6 @@ class Booker:
         except HcsError as exc:
             _log.error("allocation_event_lost", node=node, pod=r.pod.name, error=str(exc))
         return event
-
-
-async def _backoff(attempt: int) -> None:
-    """Jittered pause after a lost compare-and-set, so contenders spread out."""
-    await asyncio.sleep(random.uniform(0, min(0.001 * 2 ** min(attempt, 6), 0.05)))
 
 
 def pods_key(ref: PodRef) -> str:

@@ -2,29 +2,26 @@
 policy annotations, its job, its priority and the ``hcs.io/plan`` annotation
 the injector writes. Pure: decodes API JSON, no I/O. Requests and policy are
 read by ``hcs_bus.demands``, the parser the injector uses at admission, so
-both parts see the same demand in every pod.
+both parts see the same demand in every pod; the job is the policy's, read by
+``hcs_bus.jobs`` (``hcs.io/job``, pod groups, JobSet, the owning Job).
 
 The ``hcs.io/plan`` annotation (written by the injector, read at filter and
-bind) is a JSON object, decoded strictly::
-
-    {"vendor": "nvidia", "model": "A100-80G", "devices": 2,
-     "vram_mib_per_device": 81920, "whole_device": true, "acu_per_device": 100.0}
-
-``acu_per_device`` is optional (0 when absent).
+bind) is ``hcs_bus.plannotes.PlanNote``, decoded strictly; here it is also
+called ``PlanAnnotation``, the demand a bind reserves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from hcs_bus import demands, vocabulary
-from hcs_bus.messages import Plan, PodRef, Policy, Requests
+from hcs_bus import demands, plannotes, vocabulary
+from hcs_bus.messages import PodRef, Policy, Requests
 
 RESOURCE_PREFIX = demands.COMPUTE
 PLAN_ANNOTATION = vocabulary.PLAN
-JOB_KEY = demands.JOB_KEY
 DEVICES_ANNOTATION = vocabulary.DEVICES
 VRAM_QUOTA_ANNOTATION = vocabulary.VRAM_QUOTA
 RESUME_ANNOTATION = vocabulary.RESUME_FROM
@@ -34,42 +31,19 @@ RESUME_ANNOTATION = vocabulary.RESUME_FROM
 BadPod = demands.DemandError
 
 
-class PlanAnnotation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The ``hcs.io/plan`` annotation: what the injector decided at admission."""
-
-    vendor: str
-    model: str
-    devices: int
-    vram_mib_per_device: int
-    whole_device: bool
-    acu_per_device: float = 0.0
-
-    @property
-    def key(self) -> str:
-        return f"{self.vendor}/{self.model}"
-
-
-_PLAN_DECODER = msgspec.json.Decoder(PlanAnnotation)
-_PLAN_ENCODER = msgspec.json.Encoder()
-
-
-def encode_plan_annotation(plan: Plan) -> str:
-    value = PlanAnnotation(
-        vendor=plan.vendor,
-        model=plan.model,
-        devices=plan.devices,
-        vram_mib_per_device=plan.vram_mib_per_device,
-        whole_device=plan.whole_device,
-        acu_per_device=plan.acu_per_device,
-    )
-    return _PLAN_ENCODER.encode(value).decode()
+# The ``hcs.io/plan`` annotation: what the injector decided at admission.
+PlanAnnotation = plannotes.PlanNote
 
 
 # ---------------------------------------------------------------- the pod --
 
 
-class _Owner(msgspec.Struct, frozen=True, kw_only=True):
+class _Owner(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    api_version: str = ""
     kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
 
 
 class _Meta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -148,14 +122,15 @@ def pod_info(pod: PodObject) -> PodInfo:
     meta = pod.metadata
     annotations = meta.annotations or {}
     labels = meta.labels or {}
-    job = labels.get(JOB_KEY) or annotations.get(JOB_KEY)
+    owners = [msgspec.to_builtins(o) for o in meta.owner_references or []]
+    policy = policy_of(annotations, labels=labels, owner_references=owners)
     return PodInfo(
         ref=PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid),
         requests=requests_of(pod),
-        policy=policy_of(annotations, labels=labels),
+        policy=policy,
         annotation=plan_annotation(annotations),
         priority=pod.spec.priority or 0,
-        job=job,
+        job=policy.job,
         traceparent=annotations.get(vocabulary.TRACEPARENT),
         pledge=annotations.get(vocabulary.PLEDGE, ""),
         kube_scores=kube_prefers(pod),
@@ -197,7 +172,7 @@ def plan_annotation(annotations: dict[str, str]) -> PlanAnnotation | None:
     if text is None:
         return None
     try:
-        value = _PLAN_DECODER.decode(text)
+        value = plannotes.decode(text)
     except msgspec.MsgspecError as exc:
         raise BadPod(f"annotation {PLAN_ANNOTATION} is invalid: {exc}") from exc
     if value.devices < 1 or value.vram_mib_per_device < 0:
@@ -220,5 +195,10 @@ def requests_of(pod: PodObject) -> Requests | None:
     return asked.requests if asked is not None else None
 
 
-def policy_of(annotations: dict[str, str], *, labels: dict[str, str] | None = None) -> Policy:
-    return demands.read_policy(annotations, labels=labels)
+def policy_of(
+    annotations: dict[str, str],
+    *,
+    labels: dict[str, str] | None = None,
+    owner_references: Sequence[Mapping[str, Any]] = (),
+) -> Policy:
+    return demands.read_policy(annotations, labels=labels, owner_references=owner_references)

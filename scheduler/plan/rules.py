@@ -1,5 +1,5 @@
 """Plans: which vendor/model class serves a request, how many devices, how
-much VRAM each, and the quota verdict (DESIGN §2.1). Pure: no I/O, no clock.
+much VRAM each, and the quota verdict (docs/architecture.md#flow-of-a-pod). Pure: no I/O, no clock.
 
 A *class* is a vendor/model present in the cluster view. Every class not
 chosen is listed in ``Plan.rejected`` with a reason a person can act on.
@@ -31,8 +31,18 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Final
 
-from hcs_bus.messages import Offer, Plan, PlanRequest, QuotaVerdict, Rejection, Requests
+from hcs_bus.messages import (
+    AllocState,
+    Offer,
+    Plan,
+    PlanRequest,
+    QuotaVerdict,
+    Rejection,
+    Requests,
+    Reservation,
+)
 from hcs_bus.profiles import Profile, ProfileDB, equivalent
 from hcs_bus.units import DEVICES_RESOURCE, VRAM_RESOURCE, mib_to_bytes
 from scheduler.extender.rules import device_class
@@ -120,26 +130,51 @@ class NodePart:
     pledge_ids: tuple[str, ...]
 
 
+# The states in which a reservation holds its devices, and so counts against
+# its namespace's quota (released and expired ones hold nothing).
+HOLDING: Final[frozenset[AllocState]] = frozenset({"reserved", "bound"})
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a namespace's reservations hold."""
+
+    vram_mib: int = 0
+    acu: float = 0.0
+    devices: int = 0
+
+
+def namespace_usage(reservations: Iterable[Reservation]) -> dict[str, Usage]:
+    """Per namespace: the VRAM, ACU and devices its reservations hold (those
+    in a ``HOLDING`` state): what its quota is charged, pledges aside."""
+    out: dict[str, Usage] = {}
+    for r in reservations:
+        if r.state not in HOLDING:
+            continue
+        u = out.get(r.pod.namespace) or Usage()
+        out[r.pod.namespace] = Usage(
+            vram_mib=u.vram_mib + sum(s.vram_mib for s in r.devices),
+            acu=u.acu + r.acu,
+            devices=u.devices + len(r.devices),
+        )
+    return out
+
+
 def summarise(nodes: Iterable[NodeView]) -> Summary:
     """Class statistics and per-namespace usage from the view."""
     return merged((node_part(node), node.schedulable) for node in nodes)
 
 
 def node_part(node: NodeView) -> NodePart:
-    usage: dict[str, tuple[int, float]] = {}
-    ids = []
-    for res in node.reservations.values():
-        vram, acu = usage.get(res.pod.namespace, (0, 0.0))
-        usage[res.pod.namespace] = (vram + sum(s.vram_mib for s in res.devices), acu + res.acu)
-        if res.pledge:
-            ids.append(res.pledge)
+    usage = namespace_usage(node.reservations.values())
+    ids = [res.pledge for res in node.reservations.values() if res.pledge]
     by_class: dict[str, list[DeviceView]] = {}
     for device in node.devices.values():
         by_class.setdefault(device_class(device), []).append(device)
     classes = tuple(_class_part(key, devices) for key, devices in by_class.items())
     return NodePart(
         classes=classes,
-        usage=tuple((ns, vram, acu) for ns, (vram, acu) in usage.items()),
+        usage=tuple((ns, u.vram_mib, u.acu) for ns, u in usage.items()),
         pledge_ids=tuple(ids),
     )
 

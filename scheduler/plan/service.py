@@ -1,5 +1,11 @@
-"""The plan service (``hcs.place``) and explicit releases (``hcs.release``),
-both core request-reply in the queue group of every scheduler replica.
+"""The plan service and explicit releases (``hcs.release``), all core
+request-reply in the queue group of every scheduler replica.
+
+Plans that pledge come on ``hcs.place`` (only the injector may publish
+there), dry runs on ``hcs.place.dry``; a request whose ``dry_run`` disagrees
+with the subject it came on is refused (logged, counted in
+``hcs_scheduler_plan_refusals``), never planned: NATS permissions can then
+say who may pledge. Answers go only to inboxes (``hcs_bus.bus.Bus.serve``).
 
 ``Planner`` keeps the class summary of the view (recomputed at most every
 ``max_age_s`` after a change, so plans stay O(classes), not O(nodes)).
@@ -14,7 +20,7 @@ from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import AllocationEvent, Plan, PlanRequest, PodRef, ReleaseRequest
 from hcs_bus.profiles import ProfileDB
-from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter
+from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
 from scheduler.plan import rules as planning
@@ -28,6 +34,14 @@ PLAN_SECONDS = meter("hcs.scheduler").create_histogram(
     unit="s",
     description="time to answer one plan request (hcs.place)",
     explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+)
+PLAN_REFUSALS = zero_init(
+    meter("hcs.scheduler").create_counter(
+        "hcs_scheduler_plan_refusals",
+        description="plan requests refused unplanned: dry_run disagrees with the subject",
+    ),
+    {"reason": "dry_run_on_pledging_subject"},
+    {"reason": "pledge_on_dry_subject"},
 )
 
 
@@ -127,7 +141,7 @@ class Planner:
 
 
 class PlanService:
-    """Answers ``hcs.place`` and ``hcs.release`` for one replica."""
+    """Answers ``hcs.place``, ``hcs.place.dry`` and ``hcs.release`` for one replica."""
 
     def __init__(self, bus: Bus, *, planner: Planner, booker: Booker) -> None:
         self.bus, self.planner, self.booker = bus, planner, booker
@@ -138,10 +152,18 @@ class PlanService:
             await self.bus.serve(
                 subjects.PLACE,
                 PlanRequest,
-                self._place,
+                self._pledging,
                 queue=subjects.PLACE_QUEUE,
                 on_bad=lambda reason: Plan(ok=False, reason=reason),
                 concurrency=PLACE_CONCURRENCY,  # admissions wait on their pledge's write
+            ),
+            await self.bus.serve(
+                subjects.PLACE_DRY,
+                PlanRequest,
+                self._dry,
+                queue=subjects.PLACE_QUEUE,
+                on_bad=lambda reason: Plan(ok=False, reason=reason),
+                concurrency=PLACE_CONCURRENCY,
             ),
             await self.bus.serve(
                 subjects.RELEASE,
@@ -156,6 +178,16 @@ class PlanService:
         for sub in self._subs:
             await sub.unsubscribe()
         self._subs = []
+
+    async def _pledging(self, request: PlanRequest) -> Plan:
+        if request.dry_run:
+            return _refuse(request, "dry_run_on_pledging_subject", subject=subjects.PLACE)
+        return await self._place(request)
+
+    async def _dry(self, request: PlanRequest) -> Plan:
+        if not request.dry_run:
+            return _refuse(request, "pledge_on_dry_subject", subject=subjects.PLACE_DRY)
+        return await self._place(request)
 
     async def _place(self, request: PlanRequest) -> Plan:
         loop = asyncio.get_running_loop()
@@ -181,6 +213,22 @@ class PlanService:
         return event
 
 
+def _refuse(request: PlanRequest, reason: str, *, subject: str) -> Plan:
+    """A plan request on the wrong subject for its ``dry_run``: refused, unplanned."""
+    PLAN_REFUSALS.add(1, {"reason": reason})
+    _log.warning(
+        "plan_request_refused",
+        subject=subject,
+        reason=reason,
+        dry_run=request.dry_run,
+        namespace=request.namespace[:128],
+        pod=request.pod_name[:256],
+    )
+    right = subjects.place(dry_run=request.dry_run)
+    kind = "a dry run" if request.dry_run else "a plan that pledges (dry_run false)"
+    return Plan(ok=False, reason=f"hcs: {kind} is asked on {right}, not on {subject}")
+
+
 def _bad_release(reason: str) -> AllocationEvent:
     return AllocationEvent(
         node="", pod=PodRef(namespace="", name=""), state="released", time_s=0.0, reason=reason
@@ -188,5 +236,7 @@ def _bad_release(reason: str) -> AllocationEvent:
 
 
 async def ask_plan(bus: Bus, request: PlanRequest, *, timeout_s: float) -> Plan:
-    """Ask any scheduler replica for a plan (``hcs place``)."""
-    return await bus.request(subjects.PLACE, request, Plan, timeout_s=timeout_s)
+    """Ask any scheduler replica for a plan (``hcs place``: a dry run, on
+    ``hcs.place.dry``; a pledging one goes to ``hcs.place``)."""
+    subject = subjects.place(dry_run=request.dry_run)
+    return await bus.request(subject, request, Plan, timeout_s=timeout_s)

@@ -31,7 +31,7 @@ from hcs_bus.telemetry import logger
 from hcs_bus.units import QuantityError, format_mib, parse_quantity, quantity_mib
 from scheduler.ledger.pledge_rules import Held
 from scheduler.ledger.reservation_store import Kube
-from scheduler.plan.rules import QuotaLimits
+from scheduler.plan.rules import QuotaLimits, namespace_usage
 
 _log = logger("hcs.scheduler.quotas")
 
@@ -159,19 +159,13 @@ class Used(msgspec.Struct, frozen=True):
 def used_by_namespace(
     reservations: Iterable[Reservation], pledged: Mapping[str, tuple[Held, int]]
 ) -> dict[str, Used]:
-    """Per namespace: its reservations' devices, VRAM and ACU, plus its
-    outstanding pledges (``pledged``: namespace → (what they hold, how many))."""
-    out: dict[str, Used] = {}
-    for r in reservations:
-        if r.state not in ("reserved", "bound"):
-            continue
-        u = out.get(r.pod.namespace, Used())
-        out[r.pod.namespace] = Used(
-            vram_mib=u.vram_mib + sum(s.vram_mib for s in r.devices),
-            acu=u.acu + r.acu,
-            devices=u.devices + len(r.devices),
-            pledges=u.pledges,
-        )
+    """Per namespace: what its reservations hold (``plan.rules.namespace_usage``,
+    the sum its quota verdicts use), plus its outstanding pledges
+    (``pledged``: namespace → (what they hold, how many))."""
+    out = {
+        ns: Used(vram_mib=u.vram_mib, acu=u.acu, devices=u.devices)
+        for ns, u in namespace_usage(reservations).items()
+    }
     for ns, (held, count) in pledged.items():
         u = out.get(ns, Used())
         out[ns] = Used(

@@ -1,5 +1,5 @@
 """Stranded and parked pods: which pending HCS pods to wake, which to re-plan
-(DESIGN §2.1). Pure: API JSON and a class summary in, decisions out; time is
+(docs/architecture.md#flow-of-a-pod). Pure: API JSON and a class summary in, decisions out; time is
 an injected ``now`` (the event loop's clock in the service, ``stranding``).
 
 A *pending HCS pod* runs under the HCS scheduler profile, carries the

@@ -6,7 +6,11 @@ status, so ``kubectl get computenodes`` shows the fleet.
   ``deploy/base/crds/computenodes.yaml``).
 * ``Mirror`` — replays ``HCS_FP`` (last per node) and ``HCS_HEALTH`` (verdicts)
   and writes at most one status per node per ``min_interval_s``; the latest
-  state always gets written (a newer one replaces a pending one).
+  state always gets written (a newer one replaces a pending one). A
+  fingerprint older in (boot, seq) than the one held never replaces it
+  (``hcs_bus.ordering``); ``lastReport`` is when the bus server received the
+  one held, never the agent's clock; a fingerprint claiming a boot in the
+  future of its receipt is dead-lettered (``hcs_bus.clocks``).
 * ``python -m scheduler.report.computenode_loop`` — runs it (Deployment ``hcs-mirror``).
 """
 
@@ -22,6 +26,7 @@ from nats.js.api import DeliverPolicy
 
 from hcs_bus import streams, subjects, tasks
 from hcs_bus.bus import Bus, Consumer, Delivery, connect
+from hcs_bus.clocks import DEFAULT_CLOCK_SKEW_TOLERANCE_S
 from hcs_bus.errors import KubeError
 from hcs_bus.messages import HealthEvent, NodeFingerprint
 from hcs_bus.ordering import FingerprintOrder
@@ -65,9 +70,12 @@ def node_status(
     *,
     verdict: HealthEvent | None = None,
     out: Mapping[int, outages.Outage] | None = None,
+    received_s: float | None = None,
 ) -> dict[str, Any]:
     """The ComputeNode status for a node's fingerprint, its latest verdict and
     the devices the healer holds out (``scheduler.view.outages``).
+    ``lastReport`` is ``received_s``, when the bus server received the
+    fingerprint (the agent's ``time_s`` only where that is not known).
 
     Health is the node verdict when the healer judged the whole node, else the
     worst of the devices' (a device verdict lowers its device's health).
@@ -110,7 +118,7 @@ def node_status(
         "simulated": fp.simulated,
         "agentVersion": fp.agent_version,
         "observedSeq": fp.seq,
-        "lastReport": _iso(fp.time_s),
+        "lastReport": _iso(fp.time_s if received_s is None else received_s),
         "deviceList": devices,
         "devicesOut": outages.entries(out, fp.devices),  # [] clears it (merge patch)
     }
@@ -126,7 +134,9 @@ class Mirror:
     bus: Bus
     kube: StatusWriter
     min_interval_s: float = 10.0
+    clock_skew_tolerance_s: float = DEFAULT_CLOCK_SKEW_TOLERANCE_S
     fingerprints: dict[str, NodeFingerprint] = field(default_factory=dict)
+    received: dict[str, float] = field(default_factory=dict)  # node → server receive time
     verdicts: dict[str, HealthEvent] = field(default_factory=dict)
     outs: dict[str, dict[int, outages.Outage]] = field(default_factory=dict)
     written: dict[str, float] = field(default_factory=dict)
@@ -145,6 +155,7 @@ class Mirror:
             filter_subject=subjects.FP_ALL,
             deliver=DeliverPolicy.LAST_PER_SUBJECT,
             ack_all=True,
+            clock_skew_tolerance_s=self.clock_skew_tolerance_s,
         )
         health: Consumer[HealthEvent] = Consumer(
             self.bus,
@@ -168,6 +179,7 @@ class Mirror:
         for item in items:
             if self.order.admit(item.value):  # an older (boot, seq) is ignored
                 self.fingerprints[item.value.node] = item.value
+                self.received[item.value.node] = item.received_s
                 self._mark(item.value.node)
 
     async def _on_health(self, items: list[Delivery[HealthEvent]]) -> None:
@@ -207,9 +219,13 @@ class Mirror:
             return  # a verdict before any fingerprint: written with the first one
         self.written[node] = now
         try:
-            await self.kube.patch_compute_node_status(
-                node, node_status(fp, verdict=self.verdicts.get(node), out=self.outs.get(node))
+            status = node_status(
+                fp,
+                verdict=self.verdicts.get(node),
+                out=self.outs.get(node),
+                received_s=self.received.get(node) or None,
             )
+            await self.kube.patch_compute_node_status(node, status)
             self.writes += 1
         except KubeError as exc:
             _log.warning("computenode_write_failed", node=node, error=str(exc))
@@ -229,7 +245,7 @@ async def _main() -> None:
         _log.error("mirror_needs_kubernetes")
         return
     bus = await connect(settings.bus, name="hcs-mirror")
-    mirror = Mirror(bus, kube)
+    mirror = Mirror(bus, kube, clock_skew_tolerance_s=settings.scheduler.clock_skew_tolerance_s)
     await mirror.start()
     meter = Meter(bus, kube)  # usage metering: ComputeQuota status.usage, counters, alerts
     await meter.start()

@@ -1,4 +1,4 @@
-"""Usage metering from allocation lifetimes (issue 11 item 6). Pure: no I/O,
+"""Usage metering from allocation lifetimes. Pure: no I/O,
 no clock; ``now`` is always passed in.
 
 A pod's devices are metered from its ``bound`` AllocationEvent to the

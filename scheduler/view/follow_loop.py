@@ -1,12 +1,21 @@
 """Keeps a replica's ``ClusterState`` in step with the bus.
 
-At start each replica replays, for itself (ephemeral consumers, DESIGN §1):
+At start each replica replays, for itself (ephemeral consumers, docs/architecture.md#streams):
 the latest fingerprint of every node (``HCS_FP``, last per subject), recent
 health events (``HCS_HEALTH`` from ``now − health_replay_s``), and every
 node's reservations (KV ``hcs_alloc`` watch, done once it has brought every
 key the bucket held when it began: ``hcs_bus.kvkeys``). The same consumers
 then carry on live. ``ready`` is set only when all three have caught up; a watchdog
 marks nodes stale when their fingerprints stop.
+
+Time is the bus server's: each fingerprint is applied with the time the
+server received it (``Delivery.received_s``), and staleness is judged on
+``clock`` (``hcs_bus.clocks.BusClock``: the server's clock as the messages
+show it), never on an agent's or this replica's wall clock. Staleness is
+judged once more as soon as the fingerprints are replayed, so a node whose
+last fingerprint is old is stale when the view becomes ready. Fingerprints
+whose boot claim is in the future of their receipt are dead-lettered by the
+follower (``hcs_bus.clocks.future_claim``, ``clock_skew_tolerance_s``).
 
 With a cluster, the Node watch (``watching.watch_nodes``) feeds Node labels
 through ``apply_node``; ``nodes_synced`` (set by the runner) then also
@@ -31,6 +40,7 @@ from nats.js.kv import KeyValue
 
 from hcs_bus import kvkeys, messages, streams, subjects, tasks
 from hcs_bus.bus import Bus, Delivery, Follower
+from hcs_bus.clocks import BusClock
 from hcs_bus.errors import BusUnavailable
 from hcs_bus.messages import HealthEvent, NodeFingerprint, NodeReservations
 from hcs_bus.settings import SchedulerSettings
@@ -61,6 +71,7 @@ class ClusterView:
         self.batch = batch
         self.ready = asyncio.Event()
         self.applied = 0
+        self.clock = BusClock()
         self.listeners: list[Callable[[str], None]] = []
         # KV hcs_alloc keys that are not nodes (``pledges=<ns>``; no node name
         # has ``=``): (key, value or None when deleted, revision)
@@ -86,6 +97,7 @@ class ClusterView:
             kind=NodeFingerprint,
             handle=self._on_fingerprint,
             deliver=DeliverPolicy.LAST_PER_SUBJECT,
+            clock_skew_tolerance_s=self.settings.clock_skew_tolerance_s,
         )
         # Verdicts older than the replay window have been superseded by the
         # healer's later ones (it republishes on every change).
@@ -114,12 +126,15 @@ class ClusterView:
 
     # -- handlers ---------------------------------------------------------
     def _on_fingerprint(self, item: Delivery[NodeFingerprint]) -> None:
-        now = asyncio.get_running_loop().time()
-        if self.state.apply_fingerprint(item.value, now=now):
+        loop_s = asyncio.get_running_loop().time()
+        self.clock.saw(item.received_s, loop_s=loop_s)
+        received_s = item.received_s or self.clock.now(loop_s=loop_s) or 0.0
+        if self.state.apply_fingerprint(item.value, now=received_s):
             self._changed(item.value.node)
         self.applied += 1
 
     def _on_health(self, item: Delivery[HealthEvent]) -> None:
+        self.clock.saw(item.received_s, loop_s=asyncio.get_running_loop().time())
         if self.state.apply_health(item.value):
             self._changed(item.value.node)
         self.applied += 1
@@ -172,20 +187,26 @@ class ClusterView:
             self._changed(node)
 
     async def _watch_staleness(self) -> None:
-        loop = asyncio.get_running_loop()
         period = max(self.settings.stale_after_s / 5, 0.05)
         while True:
             await asyncio.sleep(period)
-            for node in self.state.mark_stale(
-                now=loop.time(), stale_after_s=self.settings.stale_after_s
-            ):
-                _log.warning("node_stale", node=node, after_s=self.settings.stale_after_s)
-                self._changed(node)
+            self._mark_stale()
+
+    def _mark_stale(self) -> None:
+        """Mark the nodes silent for ``stale_after_s`` on the server's clock."""
+        now = self.clock.now(loop_s=asyncio.get_running_loop().time())
+        if now is None:  # nothing received yet: no node to judge
+            return
+        after_s = self.settings.stale_after_s
+        for node in self.state.mark_stale(now=now, stale_after_s=after_s):
+            _log.warning("node_stale", node=node, after_s=after_s)
+            self._changed(node)
 
     async def _wait_caught_up(self, started: float) -> None:
         assert self._fp is not None and self._health is not None
         await self._fp.caught_up.wait()
         await self._health.caught_up.wait()
+        self._mark_stale()  # a node replayed from an old fingerprint is stale now
         await self._reservations_replayed()
         if self.nodes_synced is not None:
             try:

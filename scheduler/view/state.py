@@ -3,7 +3,13 @@ reservations. No I/O, no clock reads (``now`` is passed in).
 
 * Fingerprints are applied in (boot, seq) order per node
   (``hcs_bus.ordering``): a lower ``seq`` of the same boot, or a boot already
-  replaced, is old and ignored; the body's ``time_s`` is never compared.
+  replaced, is old and ignored, and never becomes the node's state; the
+  body's ``time_s`` is never compared.
+* Times are the bus server's: a fingerprint is applied with the server's
+  receive time (``now``, the message's metadata timestamp) and staleness is
+  judged against the server's clock (``hcs_bus.clocks.BusClock``), so an
+  agent whose clock is hours off stays fresh while it reports, and a node
+  replayed from an hour-old fingerprint is stale at once.
 * Verdicts come from the healer (``HealthEvent`` source ``healer``, kind
   ``verdict``); they override a device's health and may isolate it.
 * Reservations are the KV ``hcs_alloc`` documents; free VRAM is always
@@ -125,7 +131,8 @@ class ClusterState:
 
     # -- applying ---------------------------------------------------------
     def apply_fingerprint(self, fp: NodeFingerprint, *, now: float) -> bool:
-        """Apply a snapshot; False (and counted) when it is older than held."""
+        """Apply a snapshot the bus server received at ``now`` (its clock);
+        False (and counted) when it is older than held."""
         if not self.order.admit(fp):
             return False
         held = self.nodes.get(fp.node)
@@ -209,7 +216,9 @@ class ClusterState:
         return self.order.ignored
 
     def mark_stale(self, *, now: float, stale_after_s: float) -> list[str]:
-        """Mark nodes silent for ``stale_after_s``; returns the newly stale."""
+        """Mark nodes whose latest fingerprint the server received more than
+        ``stale_after_s`` before ``now`` (the server's clock); returns the
+        newly stale."""
         newly: list[str] = []
         for node in self.nodes.values():
             is_stale = now - node.seen_at > stale_after_s

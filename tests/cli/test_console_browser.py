@@ -85,13 +85,14 @@ def test_the_console_shows_the_fleet_and_a_failing_device_without_reload(tmp_pat
     out = tmp_path / "up.out"
     argv = [sys.executable, "-m", "hcs.cli", "up", "--for", "90", "--fleet", str(fleet)]
     argv += ["--state-dir", str(tmp_path / "state"), "--webhook", f"127.0.0.1:{free_port()}"]
-    argv += ["--extender", f"127.0.0.1:{free_port()}"]
+    argv += ["--extender", f"127.0.0.1:{free_port()}", "--console", f"127.0.0.1:{free_port()}"]
     with out.open("w") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.DEVNULL, text=True,
                                 env={**os.environ, "TERM": "dumb"})  # fmt: skip
     try:
         nats_url = _said(out, proc, "hcs up: NATS ", timeout_s=30)
-        url = _said(out, proc, "hcs up: console ", timeout_s=30)
+        url = _said(out, proc, "hcs up: console ", timeout_s=30)  # with this run's token
+        assert "?token=" in url, url
         _wait_answering(url, timeout_s=30)  # the scheduler starts after the URL is printed
         _drive(url, chromium=CHROMIUM, fail=lambda: _fail_device(nats_url, node="gpu-a", device=2))
     finally:

@@ -24,7 +24,7 @@ class NoQuotas:
 
 @pytest.fixture
 async def planner(bus: Bus) -> AsyncIterator[None]:
-    """The scheduler's planner answering ``hcs.place`` for a fleet of three
+    """The scheduler's planner answering ``hcs.place.dry`` for a fleet of three
     classes: 2 × 8 A100-80G, 1 × 8 H100-SXM, 1 × 4 Ascend910B2."""
     state = ClusterState()
     fleet = [
@@ -37,7 +37,7 @@ async def planner(bus: Bus) -> AsyncIterator[None]:
         state.apply_fingerprint(fp, now=0.0)
     planner = Planner(state, profiles=profiles.load(), quotas=NoQuotas())  # type: ignore[arg-type]
     sub = await bus.serve(
-        subjects.PLACE,
+        subjects.PLACE_DRY,
         PlanRequest,
         planner.plan,
         queue=subjects.PLACE_QUEUE,

@@ -15,8 +15,8 @@ from hcs_bus.natsserver import free_port
 from tests.cli.running import HCS, hcs
 
 
-def test_up_takes_a_host_name_for_its_webhook_and_extender(tmp_path: Path) -> None:
-    webhook, extender = free_port(), free_port()
+def test_up_takes_a_host_name_for_its_webhook_extender_and_console(tmp_path: Path) -> None:
+    webhook, extender, console = free_port(), free_port(), free_port()
     done = hcs(
         "up",
         "--for",
@@ -28,12 +28,15 @@ def test_up_takes_a_host_name_for_its_webhook_and_extender(tmp_path: Path) -> No
         f"localhost:{webhook}",
         "--extender",
         f"localhost:{extender}",
+        "--console",
+        f"localhost:{console}",
         timeout_s=120,
     )
     assert done.code == 0, done.err[-3000:]
     assert "Traceback" not in done.err
     assert f"webhook https://127.0.0.1:{webhook}/mutate" in done.out
-    assert f"extender http://127.0.0.1:{extender}/" in done.out
+    assert f"extender https://127.0.0.1:{extender}/" in done.out
+    assert re.search(rf"console http://127\.0\.0\.1:{console}/console/\?token=\S+ ", done.out)
 
 
 def test_the_watch_hint_hcs_up_prints_runs_against_it(tmp_path: Path) -> None:

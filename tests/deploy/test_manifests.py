@@ -24,10 +24,13 @@ from tests.deploy.test_mirroring import fingerprint, verdict
 
 K8S_VERSION = "1.30.0"
 THIRD_PARTY = {"monitoring.coreos.com/v1", "cert-manager.io/v1"}
-MADE_AT_RUNTIME = {  # Secrets a Job or cert-manager makes
+MADE_AT_RUNTIME = {  # Secrets a Job or cert-manager makes (or the operator: the console token)
     "hcs-nats-auth",
     "hcs-nats-service-seeds",
     "hcs-webhook-tls",
+    "hcs-extender-tls",
+    "hcs-kube-scheduler-client-tls",
+    "hcs-console-token",
 }
 
 
@@ -60,7 +63,13 @@ def test_third_party_objects_have_their_required_fields(overlay: str) -> None:
         assert all(e["port"] for e in monitor["spec"]["endpoints"])
     workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
     monitors = by_kind(objects, "PodMonitor")
-    assert set(monitors) == {"hcs-agent", "hcs-healer", "hcs-mirror"}
+    assert set(monitors) == {
+        "hcs-agent",
+        "hcs-healer",
+        "hcs-mirror",
+        "hcs-scheduler",
+        "hcs-injector",
+    }
     for monitor in monitors.values():
         wanted = monitor["spec"]["selector"]["matchLabels"]
         [pods] = [

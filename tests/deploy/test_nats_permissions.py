@@ -291,9 +291,9 @@ def test_every_agent_inbox_is_one_token_and_never_a_service_inbox() -> None:
     assert prefix not in services and permissions.inbox_prefix("scheduler") == "_INBOX_SCHEDULER"
 
 
-def test_an_agent_may_publish_only_its_own_subjects_and_place() -> None:
+def test_an_agent_may_publish_only_its_own_subjects_and_never_asks_for_plans() -> None:
     perms = permissions.agent("gpu-node-a")
-    assert perms.publish == ("hcs.fp.gpu-node-a", "hcs.health.gpu-node-a", subjects.PLACE)
+    assert perms.publish == ("hcs.fp.gpu-node-a", "hcs.health.gpu-node-a")
     assert perms.subscribe == ("_INBOX_gpu-node-a.>",) and not perms.allow_responses
 
 

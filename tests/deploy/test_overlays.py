@@ -70,7 +70,7 @@ def test_no_overlay_needs_the_prometheus_operator_unless_monitoring_is_opted_int
     assert "monitoring.coreos.com/v1" not in plain
     monitored = render(f"{overlay}+monitoring")
     kinds = {o["kind"] for o in monitored if o["apiVersion"] == "monitoring.coreos.com/v1"}
-    assert kinds == {"ServiceMonitor", "PodMonitor"}
+    assert kinds == {"PodMonitor"}  # every part's own metrics port
     assert all(o["metadata"]["namespace"] == "hcs-system" for o in monitored if o["kind"] in kinds)
 
 

@@ -1,7 +1,8 @@
 """A real Kubernetes control plane with hollow kubelets, on loopback.
 
 etcd (Debian ``etcd-server``), kube-apiserver, kube-controller-manager,
-kube-scheduler (configured from ``deploy/scheduler/kube-scheduler-config.yaml``)
+kube-scheduler (configured from ``deploy/scheduler/kube-scheduler-config.yaml``,
+calling the extender over mutual TLS with the client certificate it is given)
 and N ``kubemark --morph=kubelet`` hollow nodes (the real kubelet code over a
 fake runtime), from the folder ``HCS_KUBE_BIN`` names (``../shared/kube``'s
 ``unpack.sh`` prints it). Free ports, one temporary folder, a log per
@@ -38,6 +39,15 @@ CONTROLLERS = (
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # the root folder a hollow kubelet makes for itself, as its log names it
 HOLLOW_ROOT = re.compile(r"/tmp/hollow-kubelet\.\d+")
+
+
+@dataclass(frozen=True)
+class ExtenderClient:
+    """kube-scheduler's side of the extender's mutual TLS (its ``tlsConfig``)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path  # the CA of the extender's serving certificate
 
 
 @dataclass(frozen=True)
@@ -248,8 +258,13 @@ class Cluster:
         return name
 
     # -- kube-scheduler ---------------------------------------------------------
-    def scheduler_config(self, *, extender_url: str, kubeconfig: Path) -> dict[str, Any]:
-        """The project's own configuration, with only the cluster-specific fields set."""
+    def scheduler_config(
+        self, *, extender_url: str, kubeconfig: Path, extender_client: ExtenderClient | None = None
+    ) -> dict[str, Any]:
+        """The project's own configuration, with only the cluster-specific
+        fields set: the extender's URL and, for its mutual TLS, the files of
+        ``extender_client`` (the serving certificate names 127.0.0.1, the
+        URL's host, so the project's serverName goes)."""
         for doc in yaml.safe_load_all(SCHEDULER_CONFIG.read_text()):
             if doc and doc.get("kind") == "ConfigMap":
                 config: dict[str, Any] = yaml.safe_load(doc["data"]["scheduler-config.yaml"])
@@ -263,13 +278,27 @@ class Cluster:
         config["leaderElection"] = {"leaderElect": False}
         for extender in config.get("extenders") or []:
             extender["urlPrefix"] = extender_url
+            if extender_client is not None:
+                extender["tlsConfig"] = {
+                    "certFile": str(extender_client.cert_file),
+                    "keyFile": str(extender_client.key_file),
+                    "caFile": str(extender_client.ca_file),
+                }
         return config
 
-    def start_scheduler(self, *, extender_url: str, kubeconfig: Path | None = None) -> Process:
+    def start_scheduler(
+        self,
+        *,
+        extender_url: str,
+        kubeconfig: Path | None = None,
+        extender_client: ExtenderClient | None = None,
+    ) -> Process:
         if kubeconfig is None:
             ident = self.pki.client("scheduler", user="system:kube-scheduler")
             kubeconfig = self.kubeconfig(ident, "scheduler")
-        config = self.scheduler_config(extender_url=extender_url, kubeconfig=kubeconfig)
+        config = self.scheduler_config(
+            extender_url=extender_url, kubeconfig=kubeconfig, extender_client=extender_client
+        )
         path = self.root / "kube-scheduler-config.yaml"
         path.write_text(yaml.safe_dump(config))
         self.scheduler = self._start(

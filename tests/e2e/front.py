@@ -5,12 +5,15 @@ extender URL, and each request to the front goes to the next replica in turn
 kube-scheduler's few keep-alive connections; per connection, one replica
 took nearly every call). A replica that refuses the connection (down) is
 skipped for the next one; a request whose replica dies under it gets a 502,
-as a broken connection would be an error to kube-scheduler. Runs its own
-event loop in a thread of the test."""
+as a broken connection would be an error to kube-scheduler. Over TLS (as
+an L7 balancer in front of the replicas is): ``server_tls`` for
+kube-scheduler's side, ``client_tls`` (kube-scheduler's client certificate)
+towards the replicas. Runs its own event loop in a thread of the test."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections import Counter
 
@@ -24,10 +27,18 @@ HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 
 
 class Front:
-    """Round robin over ``http://127.0.0.1:<port>`` of each backend, per request."""
+    """Round robin over ``https://127.0.0.1:<port>`` of each backend, per request."""
 
-    def __init__(self, backends: list[int], *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        backends: list[int],
+        *,
+        server_tls: ssl.SSLContext,
+        client_tls: ssl.SSLContext,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.backends = list(backends)
+        self.server_tls, self.client_tls = server_tls, client_tls
         self.host = host
         self.port = free_port()
         # (backend port, path) -> requests it answered
@@ -40,7 +51,7 @@ class Front:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
     def start(self) -> None:
         self._thread.start()
@@ -54,12 +65,13 @@ class Front:
         self._loop.close()
 
     async def _open(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=TIMEOUT)
+        connector = aiohttp.TCPConnector(ssl=self.client_tls)
+        self._session = aiohttp.ClientSession(timeout=TIMEOUT, connector=connector)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.server_tls).start()
 
     async def _close(self) -> None:
         if self._runner is not None:
@@ -74,7 +86,7 @@ class Front:
         start, self._next = self._next, self._next + 1
         for i in range(len(self.backends)):
             port = self.backends[(start + i) % len(self.backends)]
-            url = f"http://{self.host}:{port}{request.rel_url}"
+            url = f"https://{self.host}:{port}{request.rel_url}"
             try:
                 async with self._session.request(
                     request.method, url, data=body, headers=headers

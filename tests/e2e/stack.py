@@ -5,7 +5,10 @@ A nats-server with a temporary store; the parts' argv and environment from
 part authenticates as its own ServiceAccount with the project's RBAC from
 ``deploy/base`` (so a missing rule fails here, as it would in a cluster); the
 project's MutatingWebhookConfiguration with the injector's URL and caBundle;
-the project's kube-scheduler configuration pointing at the extender. The
+the project's kube-scheduler configuration pointing at the extender, over
+mutual TLS as in a cluster (one throw-away CA signs the extender's serving
+certificate and kube-scheduler's client certificate, CN hcs-kube-scheduler);
+each scheduler replica's console on a port of its own, behind a token. The
 healer runs armed (not dry run) with leader election on a real Lease.
 """
 
@@ -15,6 +18,7 @@ import asyncio
 import base64
 import copy
 import json
+import ssl
 import sys
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -23,15 +27,15 @@ from typing import Any, TypeVar
 
 import yaml
 
-from hcs.up import UpOptions, part_env, parts
+from hcs.up import KUBE_SCHEDULER, UpOptions, part_env, parts
 from hcs_bus import checkpoint, messages, streams, subjects
 from hcs_bus.bus import Bus, connect
+from hcs_bus.certs import make_dev_certs
 from hcs_bus.messages import NodeFingerprint
 from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.settings import Settings, replace
-from injector.certs import make_dev_certs
 from tests.e2e.api import wait_for
-from tests.e2e.cluster import ROOT, Cluster
+from tests.e2e.cluster import ROOT, Cluster, ExtenderClient
 from tests.e2e.front import Front
 from tests.e2e.processes import Process, why_dead
 
@@ -65,23 +69,54 @@ class Stack:
         self.parts: dict[str, Process] = {}
         self.extender_port = free_port()
         self.webhook_port = free_port()
+        self.certs = make_dev_certs(
+            root / "certs", dns=["localhost"], ips=["127.0.0.1"], client=KUBE_SCHEDULER
+        )
+        self.console_token = "e2e-console-token"
+        (root / "certs" / "console-token").write_text(self.console_token)
         self.settings = Settings()
         self.env: dict[str, str] = {}
         self.metrics_ports: dict[str, int] = {}
         # scheduler replica (part name) -> its extender port; "scheduler" is the first
         self.extender_ports = {"scheduler": self.extender_port}
+        self.console_ports = {"scheduler": free_port()}  # and its console's
         self.front: Front | None = None
 
     @property
     def extender_url(self) -> str:
-        return f"http://127.0.0.1:{self.extender_port}"
+        return f"https://127.0.0.1:{self.extender_port}"
+
+    @property
+    def kube_scheduler_identity(self) -> ExtenderClient:
+        """kube-scheduler's client certificate for the extender, and the CA
+        of the extender's serving certificate."""
+        assert self.certs.client_cert_file and self.certs.client_key_file
+        return ExtenderClient(
+            cert_file=self.certs.client_cert_file,
+            key_file=self.certs.client_key_file,
+            ca_file=self.certs.ca_file,
+        )
+
+    def tls_context(self, *, as_kube_scheduler: bool = False) -> ssl.SSLContext:
+        """A client context trusting the extender's CA; with kube-scheduler's
+        client certificate when ``as_kube_scheduler``."""
+        context = ssl.create_default_context(cafile=str(self.certs.ca_file))
+        if as_kube_scheduler:
+            me = self.kube_scheduler_identity
+            context.load_cert_chain(me.cert_file, me.key_file)
+        return context
 
     def start(self) -> None:
         self.nats.start()
         self.settings = replace(
             Settings(),
             bus={"url": self.nats.url},
-            scheduler={"extender_host": "127.0.0.1", "extender_port": self.extender_port},
+            scheduler={
+                "extender_host": "127.0.0.1",
+                "extender_port": self.extender_port,
+                "console_port": self.console_ports["scheduler"],
+                "console_token_file": str(self.root / "certs" / "console-token"),
+            },
             injector={"host": "127.0.0.1", "port": self.webhook_port},
         )
         self.on_bus(lambda bus: streams.init(bus, self.settings.bus))
@@ -97,7 +132,6 @@ class Stack:
             what="HCS CRDs established",
             timeout_s=30,
         )
-        certs = make_dev_certs(self.root / "certs", dns=["localhost"], ips=["127.0.0.1"])
         self.env = part_env(self.settings, certs_dir=self.root / "certs")
         self.env["HCS_TELEMETRY__LOG_LEVEL"] = "info"
         options = UpOptions(
@@ -120,7 +154,7 @@ class Stack:
         wait_for(
             self._extender_ready, what="the extender's /readyz", timeout_s=60, explain=self.why
         )
-        self._apply_webhook(certs.ca_bundle_b64)
+        self._apply_webhook(self.certs.ca_bundle_b64)
         self._start_kube_scheduler(self.extender_url)
 
     def _start_kube_scheduler(self, extender_url: str) -> None:
@@ -130,20 +164,31 @@ class Stack:
             old.stop()
             self.cluster.processes.remove(old)
         kubeconfig = self.cluster.service_account_kubeconfig("hcs-system", "hcs-kube-scheduler")
-        self.cluster.start_scheduler(extender_url=extender_url, kubeconfig=kubeconfig)
+        self.cluster.start_scheduler(
+            extender_url=extender_url,
+            kubeconfig=kubeconfig,
+            extender_client=self.kube_scheduler_identity,
+        )
 
     # -- scheduler replicas ------------------------------------------------------
     def start_replica(self, name: str, **extra_env: str) -> Process:
         """(Re)start scheduler replica ``name`` with the first replica's argv and
         environment, on its own extender port (kept across restarts)."""
         port = self.extender_ports.setdefault(name, free_port())
+        console = self.console_ports.setdefault(name, free_port())
         argv = self.parts["scheduler"].argv
-        return self.start_part(name, argv, HCS_SCHEDULER__EXTENDER_PORT=str(port), **extra_env)
+        return self.start_part(
+            name,
+            argv,
+            HCS_SCHEDULER__EXTENDER_PORT=str(port),
+            HCS_SCHEDULER__CONSOLE_PORT=str(console),
+            **extra_env,
+        )
 
     def replica_ready(self, name: str) -> bool:
         """The replica's extender answers ``/readyz`` (its view is replayed)."""
-        url = f"http://127.0.0.1:{self.extender_ports[name]}/readyz"
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        url = f"https://127.0.0.1:{self.extender_ports[name]}/readyz"
+        with urllib.request.urlopen(url, timeout=2, context=self.tls_context()) as resp:
             return bool(resp.status == 200)
 
     def front_replicas(self, names: list[str]) -> Front:
@@ -151,7 +196,15 @@ class Stack:
         ``Front`` (round robin per request, as through a Service), since it
         takes one extender URL."""
         assert self.front is None, "the replicas already have a front"
-        self.front = Front([self.extender_ports[n] for n in names])
+        me = self.kube_scheduler_identity
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(me.ca_file))
+        server.load_cert_chain(self.certs.cert_file, self.certs.key_file)  # as the replicas do
+        server.verify_mode = ssl.CERT_REQUIRED  # kube-scheduler's certificate, or no connection
+        self.front = Front(
+            [self.extender_ports[n] for n in names],
+            server_tls=server,
+            client_tls=self.tls_context(as_kube_scheduler=True),
+        )
         self.front.start()
         self._start_kube_scheduler(self.front.url)
         return self.front
@@ -162,6 +215,7 @@ class Stack:
         for name in [n for n in self.extender_ports if n != "scheduler"]:
             self.parts.pop(name).stop()
             del self.extender_ports[name]
+            self.console_ports.pop(name, None)
         if self.front is not None:
             self._start_kube_scheduler(self.extender_url)
             self.front.stop()
@@ -189,9 +243,11 @@ class Stack:
     def _consoles(self, path: str) -> Iterator[tuple[str, Any]]:
         """(replica, its console's JSON answer at ``path``) of each scheduler
         replica that answers; one stopped by a test is left out."""
-        for replica, port in self.extender_ports.items():
+        auth = {"Authorization": f"Bearer {self.console_token}"}
+        for replica, port in self.console_ports.items():
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=auth)
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                with urllib.request.urlopen(request, timeout=5) as resp:
                     yield replica, json.load(resp)
             except OSError:
                 continue
@@ -244,7 +300,8 @@ class Stack:
         )
 
     def _extender_ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.extender_url}/readyz", timeout=2) as resp:
+        url = f"{self.extender_url}/readyz"
+        with urllib.request.urlopen(url, timeout=2, context=self.tls_context()) as resp:
             return bool(resp.status == 200)
 
     def _apply_webhook(self, ca_bundle_b64: str) -> None:

@@ -1,4 +1,4 @@
-"""Outages and stranded pods on a real cluster (issue 11, item 2).
+"""Outages and stranded pods on a real cluster.
 
 - The HCS scheduler down for 5 s while kube-scheduler works through a burst:
   every filter call fails, kube-scheduler parks each pod in its unschedulable

@@ -1,12 +1,22 @@
 """Vendor-neutral pods on a real control plane and real kubelets: the agent's
-Node labels and capacity, the webhook, the extender's filter/prioritize/bind,
-and the kubelet's own admission."""
+Node labels and capacity, the webhook, the extender's filter/prioritize/bind
+(kube-scheduler calls it over mutual TLS: no one else gets a bind through),
+the console behind its token, and the kubelet's own admission."""
 
 from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.mixes import planned_class
+from hcs_bus.certs import make_dev_certs
 from hcs_bus.vocabulary import MODEL_LABEL, VENDOR_LABEL
 from injector import runtimes
 from tests.e2e.api import ApiError, wait_for
@@ -139,3 +149,42 @@ def test_a_cordoned_class_draws_no_plan_and_the_pod_runs_where_there_is_room(
         what=f"plans back in {first} once its nodes are uncordoned",
         timeout_s=60,
     )
+
+
+def _call(
+    url: str, *, context: ssl.SSLContext | None = None, body: Any = None, token: str = ""
+) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+def test_only_kube_schedulers_certificate_gets_a_bind_through_and_the_console_wants_its_token(
+    stack: Stack, tmp_path: Path
+) -> None:
+    bind = {"PodName": "p", "PodNamespace": "default", "PodUID": "u-1", "Node": "nowhere"}
+    url = f"{stack.extender_url}/bind"
+    status, text = _call(url, context=stack.tls_context(), body=bind)
+    assert status == 401 and "client certificate" in text, text
+    stranger = make_dev_certs(
+        tmp_path, dns=["localhost"], ips=["127.0.0.1"], client="hcs-kube-scheduler"
+    )
+    assert stranger.client_cert_file and stranger.client_key_file
+    forged = stack.tls_context()  # kube-scheduler's name, from a CA the extender does not trust
+    forged.load_cert_chain(stranger.client_cert_file, stranger.client_key_file)
+    with pytest.raises(OSError):  # ssl.SSLError, a reset, or URLError wrapping them
+        _call(url, context=forged, body=bind)
+    status, text = _call(url, context=stack.tls_context(as_kube_scheduler=True), body=bind)
+    assert status == 200 and "Error" in json.loads(text), text  # an answer: no such pod
+    with pytest.raises((OSError, http.client.HTTPException)):  # no plain HTTP beside it
+        _call(url.replace("https://", "http://"), body=bind)
+    console = f"http://127.0.0.1:{stack.console_ports['scheduler']}/api/overview"
+    status, text = _call(console)
+    assert status == 401 and "token" in json.loads(text)["error"], text
+    status, text = _call(console, token=stack.console_token)
+    assert status == 200 and json.loads(text)["ready"] is True, text

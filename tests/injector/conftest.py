@@ -18,9 +18,9 @@ import pytest
 
 from hcs_bus import subjects
 from hcs_bus.bus import Bus
+from hcs_bus.certs import DevCerts, make_dev_certs
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import Settings, replace
-from injector.certs import DevCerts, make_dev_certs
 from injector.serving import Injector
 
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -78,7 +78,7 @@ def patched(doc: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
 
 
 class Responder:
-    """Answers hcs.place on the real bus; records what it was asked."""
+    """Answers hcs.place and hcs.place.dry on the real bus; records what it was asked."""
 
     def __init__(self) -> None:
         self.requests: list[PlanRequest] = []
@@ -95,16 +95,20 @@ class Responder:
 @pytest.fixture
 async def responder(bus: Bus) -> AsyncIterator[Responder]:
     found = Responder()
-    sub = await bus.serve(
-        subjects.PLACE,
-        PlanRequest,
-        found.handle,
-        queue=subjects.PLACE_QUEUE,
-        on_bad=lambda reason: Plan(ok=False, reason=reason),
-    )
+    subs = [
+        await bus.serve(
+            subject,
+            PlanRequest,
+            found.handle,
+            queue=subjects.PLACE_QUEUE,
+            on_bad=lambda reason: Plan(ok=False, reason=reason),
+        )
+        for subject in (subjects.PLACE, subjects.PLACE_DRY)
+    ]
     await bus.nc.flush()
     yield found
-    await sub.unsubscribe()
+    for sub in subs:
+        await sub.unsubscribe()
 
 
 @pytest.fixture

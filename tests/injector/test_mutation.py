@@ -4,6 +4,7 @@ with jsonpatch to the incoming object and the result checked."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes_validate
@@ -386,7 +387,7 @@ async def test_the_plans_pledge_is_carried_signed_and_a_note_copied_to_another_p
 
 @pytest.mark.parametrize("shape", ["hostIPC", "copied spec"])
 async def test_a_pod_on_the_hosts_ipc_or_already_holding_the_ledger_volume_keeps_the_emptydir(
-    webhook: Webhook, shape: str
+    webhook_factory: Callable[..., Any], responder: Responder, shape: str
 ) -> None:
     doc = gpu_review()
     spec = pod_of(doc)["spec"]
@@ -394,7 +395,9 @@ async def test_a_pod_on_the_hosts_ipc_or_already_holding_the_ledger_volume_keeps
         spec["hostIPC"] = True  # its /dev/shm is the host's, shared with other pods
     else:
         spec["volumes"].append({"name": "hcs-shm", "emptyDir": {"medium": "Memory"}})
-    pod = patched(doc, await webhook.review(doc))
+    allowed = [f"{doc['request']['namespace']}/default"]  # host IPC needs the allow-list
+    async with webhook_factory(privileged_service_accounts=allowed) as webhook:
+        pod = patched(doc, await webhook.review(doc))
     container = pod["spec"]["containers"][0]
     assert env_of(container)["HCS_SHM_PATH"]["value"] == "/var/run/hcs/vram.shm"
     assert {"name": "hcs-shm", "mountPath": "/var/run/hcs"} in container["volumeMounts"]

@@ -12,7 +12,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from injector.certs import DevCerts, make_dev_certs
+from hcs_bus.certs import DevCerts, make_dev_certs
 
 
 def test_dev_certs_make_a_chain_that_verifies(tmp_path: Path) -> None:

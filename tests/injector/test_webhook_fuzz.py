@@ -5,13 +5,16 @@ message — never a 5xx, never an internal error, never a hang.
 Bodies: arbitrary bytes and JSON, and upstream-shaped AdmissionReview v1
 documents carrying random pods (containers, resources, annotations drawn
 from the ``hcs.io/*`` vocabulary), then broken on purpose: a random value
-planted anywhere, absurd numbers, invalid UTF-8, deep nesting.
+planted anywhere, absurd numbers, invalid UTF-8, deep nesting; sent as is,
+gzip- or deflate-compressed, or labelled compressed while they are not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import zlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -22,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hcs_bus import vocabulary
+from hcs_bus.certs import DevCerts
 from hcs_bus.messages import Plan, PlanRequest
-from injector.certs import DevCerts
 from injector.serving import Injector
 from tests.injector.conftest import A100_PLAN, HCS_SA, create_review, injector_settings
 
@@ -44,6 +47,8 @@ RESOURCE_KEYS = [
     "nvidia.com/gpu",
 ]
 QUANTITIES = ["16Gi", "1", "0", "-1", "0.5", "1e400", "1e9999999999", "9" * 40, "nan", "", "1Ki"]
+# how a body is sent: as is, compressed, or labelled compressed while it is not
+ENCODINGS = ["", "", "", "gzip", "deflate", "gzip-labelled", "deflate-labelled"]
 RAW = ["1e400", "-1e400", "9" * 400, "NaN", "Infinity", "1e-400", "0x10", '"\\ud800"']
 
 scalars = (
@@ -189,9 +194,14 @@ async def test_no_admission_body_gets_a_5xx_or_an_internal_error(
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         database=None,
     )
-    @given(bodies())
-    def check(body: bytes) -> None:
-        future = asyncio.run_coroutine_threadsafe(_post(client, body), loop)
+    @given(bodies(), st.sampled_from(ENCODINGS))
+    def check(body: bytes, encoding: str) -> None:
+        sent, header = body, encoding.removesuffix("-labelled")
+        if encoding == "gzip":
+            sent = gzip.compress(body)
+        elif encoding == "deflate":
+            sent = zlib.compress(body)
+        future = asyncio.run_coroutine_threadsafe(_post(client, sent, encoding=header), loop)
         status, content_type, text = future.result(timeout=10)  # a hang fails here
         seen[status] = seen.get(status, 0) + 1
         assert status == 200 or 400 <= status < 500, (status, body[:300], text[:300])
@@ -212,8 +222,13 @@ async def test_no_admission_body_gets_a_5xx_or_an_internal_error(
     assert seen.get(200, 0) >= 50 and sum(seen.values()) >= 200, seen  # it got past the envelope
 
 
-async def _post(client: TestClient[Any, Any], body: bytes) -> tuple[int, str, str]:
+async def _post(
+    client: TestClient[Any, Any], body: bytes, *, encoding: str = ""
+) -> tuple[int, str, str]:
+    headers = {"Content-Type": "application/json"}
+    if encoding:
+        headers["Content-Encoding"] = encoding
     async with asyncio.timeout(5):
-        resp = await client.post("/mutate", data=body, headers={"Content-Type": "application/json"})
+        resp = await client.post("/mutate", data=body, headers=headers)
         async with resp:
             return resp.status, resp.content_type, await resp.text(errors="replace")

@@ -1,5 +1,5 @@
 """Node writes through hcs_bus.kube against the API double: the patch flavours
-of DESIGN §6 (JSON patch for capacity, merge for labels, strategic merge for
+of docs/architecture.md#kubernetes-wire-facts (JSON patch for capacity, merge for labels, strategic merge for
 conditions, read-modify-write with resourceVersion for taints)."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ async def start_scheduler(bus_settings: BusSettings) -> AsyncIterator[Start]:
         settings = Settings(bus=bus_settings)
         from hcs_bus.settings import replace
 
-        settings = replace(settings, scheduler={"extender_port": 0, **cfg})
+        settings = replace(settings, scheduler={"extender_port": 0, "console_port": 0, **cfg})
         sched = await run(bus, kube, settings, profiles=DB, http=http, summary_max_age_s=0.0)
         started.append(sched)
         await sched.view.wait_ready(timeout_s=10)

@@ -1,5 +1,6 @@
 """The web console's routes on a real scheduler replica and a real nats-server:
-the page and its files, the JSON API, the live feed, and every refusal as JSON."""
+the page and its files, the JSON API, the live feed, and every refusal as JSON.
+The console has its own port, behind its token (tests/scheduler/test_console_auth.py)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ from hcs_bus.messages import (
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import node_fp, publish_fleet, until
 
+TOKEN = "console-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
 
 async def _get(port: int, path: str, **kw: Any) -> tuple[int, Any, aiohttp.typedefs.LooseHeaders]:
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=AUTH) as session:
         async with session.get(f"http://127.0.0.1:{port}{path}", **kw) as resp:
             text = await resp.text()
             body: Any = json.loads(text) if resp.content_type == "application/json" else text
@@ -34,13 +38,13 @@ async def _get(port: int, path: str, **kw: Any) -> tuple[int, Any, aiohttp.typed
 
 
 async def _fleet(bus: Bus, start_scheduler: Start) -> int:
-    sched = await start_scheduler(bus)
+    sched = await start_scheduler(bus, console_token=TOKEN)
     await publish_fleet(
         bus, node_fp("gpu-a", count=4), node_fp("npu-b", "huawei/Ascend910B2", count=2)
     )
     await until(lambda: len(sched.view.state.nodes) == 2, timeout_s=10)
-    assert sched.port is not None
-    return sched.port
+    assert sched.console_port is not None
+    return sched.console_port
 
 
 async def _health(bus: Bus, event: HealthEvent) -> None:
@@ -107,12 +111,12 @@ async def test_a_bad_console_query_is_a_4xx_naming_the_reason(
 
 async def test_the_api_is_read_only(bus: Bus, start_scheduler: Start) -> None:
     port = await _fleet(bus, start_scheduler)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=AUTH) as session:
         async with session.post(f"http://127.0.0.1:{port}/api/overview", data=b"{}") as resp:
             assert resp.status == 405
             assert "read-only" in (await resp.json())["error"]
         async with session.get(f"http://127.0.0.1:{port}/nope") as resp:
-            assert resp.status == 404  # outside /api/ the extender's answers are untouched
+            assert resp.status == 404  # outside /api/ the answers are aiohttp's own
             assert resp.content_type != "application/json"
 
 
@@ -135,7 +139,7 @@ async def test_a_failed_device_reaches_the_live_feed_and_the_alerts(
                       device=2, code=79, message="GPU has fallen off the bus")  # fmt: skip
     failed = HealthEvent(node="gpu-a", kind="verdict", severity="fatal", source="healer",
                          time_s=2.0, device=2, verdict="failed")  # fmt: skip
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=AUTH) as session:
         async with session.get(f"http://127.0.0.1:{port}/api/events") as resp:
             assert resp.status == 200
             assert resp.headers["Content-Type"] == "text/event-stream"
@@ -220,11 +224,11 @@ async def test_a_large_fleet_slows_the_pushes_so_the_extender_keeps_its_loop(bus
 async def test_a_connected_live_feed_does_not_hold_up_the_replicas_stop(
     bus: Bus, start_scheduler: Start
 ) -> None:
-    sched = await start_scheduler(bus)
-    assert sched.port is not None
+    sched = await start_scheduler(bus, console_token=TOKEN)
+    assert sched.console_port is not None
     loop = asyncio.get_running_loop()
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://127.0.0.1:{sched.port}/api/events") as resp:
+    async with aiohttp.ClientSession(headers=AUTH) as session:
+        async with session.get(f"http://127.0.0.1:{sched.console_port}/api/events") as resp:
             await asyncio.wait_for(_next_overview(resp.content), 5)
             began = loop.time()
             await asyncio.wait_for(sched.stop(), 10)

@@ -1,5 +1,5 @@
 """A failed device is out of filter, prioritize, bind and plans; the node's
-healthy devices stay placeable (DESIGN §4: isolate the device, not the node)."""
+healthy devices stay placeable (docs/architecture.md#health: isolate the device, not the node)."""
 
 from __future__ import annotations
 

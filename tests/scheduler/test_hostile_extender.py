@@ -1,16 +1,20 @@
 """The extender under hostile input: newer kube-schedulers' fields, absurd
-quantities, bodies over the limit, a 500k-name filter beside plan requests,
-and caches that stay bounded whatever names and demands arrive."""
+quantities, bodies over the limit or not the gzip they claim to be, a
+500k-name filter beside plan requests, and caches that stay bounded whatever
+names and demands arrive."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import logging
 from typing import Any
 
 import aiohttp
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from hcs_bus.bus import Bus
 from hcs_bus.messages import PlanRequest, Requests
@@ -20,6 +24,7 @@ from scheduler.extender.caches import NodeCache, PodMemo
 from scheduler.extender.http import serve
 from scheduler.plan.pods import PodInfo
 from scheduler.plan.service import ask_plan
+from tests.metering import counted
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import (
     A100_TWO,
@@ -93,7 +98,7 @@ async def test_what_hcs_owns_inside_the_envelope_stays_strict(
 async def test_an_absurd_quantity_refuses_the_pod_by_resource_never_the_call(
     bus: Bus, start_scheduler: Start, quantity: str
 ) -> None:
-    """kube-scheduler wants HTTP 200 for a pod it may not place (DESIGN §6):
+    """kube-scheduler wants HTTP 200 for a pod it may not place (docs/architecture.md#kubernetes-wire-facts):
     filter names the resource on every node, as unresolvable; prioritize
     scores 0; preempt proposes nothing."""
     sched = await _ready(bus, start_scheduler)
@@ -136,6 +141,51 @@ async def test_a_body_over_the_limit_gets_413_naming_the_limit(
                 assert resp.status == 413 and "4096 bytes" in await resp.text()
         status, out = await post(port, "filter", _filter_args(plan=A100_TWO))
         assert status == 200 and out["NodeNames"] == NAMES
+    finally:
+        await runner.cleanup()
+
+
+async def _post_encoded(port: int, verb: str, body: bytes, encoding: str) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://127.0.0.1:{port}/{verb}", data=body, headers=headers) as r:
+            return r.status, await r.text()
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind", "preempt"])
+async def test_a_body_that_is_not_valid_gzip_gets_400_naming_the_encoding_on_every_verb(
+    bus: Bus, start_scheduler: Start, caplog: pytest.LogCaptureFixture, verb: str
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    before = counted("hcs_extender_refusals", verb=verb, reason="bad_encoding")
+    body = json.dumps(_filter_args(plan=A100_TWO)).encode()  # JSON, not gzip
+    with capture_logs() as logs, caplog.at_level(logging.DEBUG, logger="aiohttp"):
+        status, text = await _post_encoded(sched.port, verb, body, "gzip")
+    assert status == 400, text
+    assert f"hcs: {verb}:" in text and "not valid gzip (Content-Encoding: gzip)" in text
+    assert counted("hcs_extender_refusals", verb=verb, reason="bad_encoding") == before + 1
+    (logged,) = [e for e in logs if e["event"] == "extender_body_refused"]
+    assert logged["verb"] == verb and logged["reason"] == "bad_encoding"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no aiohttp traceback
+
+
+async def test_gzip_bodies_are_read_and_a_gzip_bomb_stops_at_the_limit_with_413(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    sched = await _ready(bus, start_scheduler)
+    args = gzip.compress(json.dumps(_filter_args(plan=A100_TWO)).encode())
+    status, text = await _post_encoded(sched.port, "filter", args, "gzip")
+    assert status == 200 and json.loads(text)["NodeNames"] == NAMES
+    runner = await serve(sched.extender.app(max_body_bytes=65536), host="127.0.0.1", port=0)
+    try:
+        port = runner.addresses[0][1]
+        bomb = gzip.compress(b" " * (64 * 1024 * 1024))
+        before = counted("hcs_extender_refusals", verb="filter", reason="too_large")
+        status, text = await _post_encoded(port, "filter", bomb, "gzip")
+        assert status == 413 and "65536 bytes" in text, text
+        assert counted("hcs_extender_refusals", verb="filter", reason="too_large") == before + 1
+        status, text = await _post_encoded(port, "filter", args, "gzip")
+        assert status == 200 and json.loads(text)["NodeNames"] == NAMES
     finally:
         await runner.cleanup()
 

@@ -12,6 +12,12 @@
 
   const $ = (id) => document.getElementById(id);
 
+  // Opened as /console/?token=…: the server has set its cookie; keep the
+  // token out of the address bar and the history.
+  if (new URLSearchParams(location.search).has("token")) {
+    history.replaceState(null, "", location.pathname);
+  }
+
   function el(tag, props, ...children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(props || {})) {
@@ -211,9 +217,15 @@
       feed.textContent = "live";
       render(JSON.parse(event.data));
     });
-    source.addEventListener("error", () => {
+    source.addEventListener("error", async () => {
       feed.dataset.state = "lost";
       feed.textContent = "reconnecting…";
+      if (source.readyState !== EventSource.CLOSED) return;
+      const answer = await fetch(API + "overview").catch(() => null);
+      if (answer && answer.status === 401) {
+        feed.dataset.state = "unauthorized";
+        feed.textContent = "needs the console token: open /console/?token=TOKEN";
+      }
     });
   }
 

@@ -1,9 +1,12 @@
-"""Development certificates: a CA and a serving certificate signed by it.
+"""Development certificates: a CA, a serving certificate signed by it and,
+when asked, a client certificate signed by it too.
 
-``make_dev_certs(out_dir, dns=[...], ips=[...])`` writes ``ca.crt``, ``ca.key``,
-``tls.crt`` and ``tls.key`` (keys 0600) and returns their paths with the
-``caBundle`` (base64 PEM of the CA) a MutatingWebhookConfiguration needs.
-For production use cert-manager or your own PKI.
+``make_dev_certs(out_dir, dns=[...], ips=[...], client="hcs-kube-scheduler")``
+writes ``ca.crt``, ``ca.key``, ``tls.crt`` and ``tls.key`` (and ``client.crt``,
+``client.key`` for the client named; keys 0600) and returns their paths with
+the ``caBundle`` (base64 PEM of the CA) a MutatingWebhookConfiguration needs.
+Used by ``hcs certs``, ``hcs up`` and the tests; for production use
+cert-manager or your own PKI.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class DevCerts:
     cert_file: Path
     key_file: Path
     ca_bundle_b64: str
+    client_cert_file: Path | None = None  # signed by the same CA (client auth only)
+    client_key_file: Path | None = None
 
 
 def make_dev_certs(
@@ -35,10 +40,12 @@ def make_dev_certs(
     *,
     dns: list[str],
     ips: list[str],
+    client: str | None = None,
     days: int = 365,
     now: dt.datetime | None = None,
 ) -> DevCerts:
-    """A fresh CA and a serving certificate for ``dns`` names and ``ips``."""
+    """A fresh CA and a serving certificate for ``dns`` names and ``ips``;
+    with ``client``, a client certificate whose Common Name is ``client``."""
     if not dns and not ips:
         raise ValueError("a serving certificate needs at least one DNS name or IP")
     now = now or dt.datetime.now(dt.UTC)
@@ -52,20 +59,16 @@ def make_dev_certs(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
-    key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (dns or ips)[0])])
-    cert = (
-        _builder(subject, ca_name, key.public_key(), now=now, days=days)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
+    key, cert = _leaf(
+        (dns or ips)[0],
+        ca_name,
+        ca_key,
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        names=names,
+        now=now,
+        days=days,
     )
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)
     files = DevCerts(
@@ -79,7 +82,56 @@ def make_dev_certs(
     _write(files.ca_file, ca_pem)
     _write(files.key_file, _key_pem(key), private=True)
     _write(files.cert_file, cert.public_bytes(serialization.Encoding.PEM))
-    return files
+    if client is None:
+        return files
+    key, cert = _leaf(
+        client,
+        ca_name,
+        ca_key,
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        names=[],
+        now=now,
+        days=days,
+    )
+    client_key, client_cert = out_dir / "client.key", out_dir / "client.crt"
+    _write(client_key, _key_pem(key), private=True)
+    _write(client_cert, cert.public_bytes(serialization.Encoding.PEM))
+    return DevCerts(
+        ca_file=files.ca_file,
+        ca_key_file=files.ca_key_file,
+        cert_file=files.cert_file,
+        key_file=files.key_file,
+        ca_bundle_b64=files.ca_bundle_b64,
+        client_cert_file=client_cert,
+        client_key_file=client_key,
+    )
+
+
+def _leaf(
+    common_name: str,
+    ca_name: x509.Name,
+    ca_key: ec.EllipticCurvePrivateKey,
+    *,
+    usage: x509.ObjectIdentifier,
+    names: list[x509.GeneralName],
+    now: dt.datetime,
+    days: int,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A key and its certificate, signed by the CA, for ``usage`` (server or client auth)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    builder = (
+        _builder(subject, ca_name, key.public_key(), now=now, days=days)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+    )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
 
 
 def _builder(
