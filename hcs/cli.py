@@ -1,7 +1,7 @@
 """The ``hcs`` command line: the composition root above every part.
 
     hcs up [--for S] [--fleet FILE] [--extender H:P] [--webhook H:P] [--console H:P]
-           [--state-dir DIR]
+           [--state-dir DIR] [--nats-cluster N]
     hcs top [--once] [--json]
     hcs bus init [--replicas N]
     hcs models [--vendor V] [--json]
@@ -45,6 +45,7 @@ from hcs_bus import messages, subjects, tasks
 from hcs_bus.bus import Bus, connect
 from hcs_bus.errors import BusTimeout, ConfigError, HcsError
 from hcs_bus.messages import HealthEvent
+from hcs_bus.natsserver import free_port
 from hcs_bus.redacting import redact_url
 from hcs_bus.settings import Settings, load, replace
 from hcs_bus.telemetry import configure, logger
@@ -172,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "--count", type=flags.positive_int, metavar="N", help="exit after N messages"
     )
+    watch.add_argument(
+        "--last",
+        type=flags.positive_int,
+        metavar="N",
+        help="first print the last N messages the bus kept on SUBJECT (e.g. the last alerts)",
+    )
 
     certs = command("certs", "write a development CA and a serving certificate")
     certs.add_argument(
@@ -226,24 +233,24 @@ def _up_flags(up: argparse.ArgumentParser) -> None:
     ).complete = shtab.FILE  # type: ignore[attr-defined]
     up.add_argument(
         "--extender",
-        default="127.0.0.1:8888",
+        default=None,
         type=flags.host_port,
         metavar="HOST:PORT",
-        help="where the scheduler extender listens (default: 127.0.0.1:8888)",
+        help="where the scheduler extender listens (default: a free port on 127.0.0.1)",
     )
     up.add_argument(
         "--webhook",
-        default="127.0.0.1:8443",
+        default=None,
         type=flags.host_port,
         metavar="HOST:PORT",
-        help="where the injector's webhook listens (default: 127.0.0.1:8443)",
+        help="where the injector's webhook listens (default: a free port on 127.0.0.1)",
     )
     up.add_argument(
         "--console",
-        default="127.0.0.1:8889",
+        default=None,
         type=flags.host_port,
         metavar="HOST:PORT",
-        help="where the web console listens (default: 127.0.0.1:8889)",
+        help="where the web console listens (default: a free port on 127.0.0.1)",
     )
     up.add_argument(
         "--state-dir",
@@ -256,6 +263,14 @@ def _up_flags(up: argparse.ArgumentParser) -> None:
         dest="demo_job",
         action="store_false",
         help="do not run the demo training job (admitted, scheduled, checkpointed, resumed)",
+    )
+    up.add_argument(
+        "--nats-cluster",
+        type=flags.replicas,
+        default=1,
+        metavar="N",
+        help="run the embedded NATS as a JetStream cluster of N servers on loopback, "
+        "every stream on three of them (default: 1 server)",
     )
 
 
@@ -332,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load(path=args.config)
         if args.nats_url:
             settings = replace(settings, bus={"url": args.nats_url})
+        elif _follows_context(args):
+            settings = _from_context(settings)
         url = redact_url(settings.bus.url)
         if args.command != "up" and "HCS_TELEMETRY__LOG_LEVEL" not in os.environ:
             # A command's output is its answer; logs only when something is wrong.
@@ -349,6 +366,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(_explain(exc, url=url), code=1)
 
 
+LOCAL_COMMANDS = frozenset({"up", "convert", "models", "certs", "completion"})
+
+
+def _follows_context(args: argparse.Namespace) -> bool:
+    """A bus command given no bus: the running ``hcs up``'s, unless settings name one."""
+    explicit = args.config or os.environ.get("HCS_CONFIG") or os.environ.get("HCS_BUS__URL")
+    return args.command not in LOCAL_COMMANDS and not explicit
+
+
+def _from_context(settings: Settings) -> Settings:
+    from hcs import context
+
+    found = context.read()
+    return settings if found is None else replace(settings, bus={"url": found.bus_url})
+
+
 def _fail(message: str, *, code: int) -> int:
     line = " ".join(message.split())  # one line, whatever the message held
     print(f"hcs: error: {line}", file=sys.stderr)
@@ -360,7 +393,11 @@ def _explain(exc: Exception, *, url: str) -> str:
     if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
         return f"NATS at {url} does not answer JetStream requests (start nats-server with -js)"
     if isinstance(exc, nats.js.errors.NotFoundError):
-        return f"NATS at {url}: {exc.description or 'not found'} (run: hcs bus init)"
+        return (
+            f"NATS at {url} is not an HCS bus: it has no HCS streams "
+            f"({exc.description or 'not found'}); point --nats-url at the bus HCS runs on, "
+            "or start one with hcs up"
+        )
     if isinstance(exc, nats.errors.ConnectionClosedError | TimeoutError):
         return f"NATS at {url} stopped answering ({type(exc).__name__})"
     if isinstance(exc, nats.errors.Error):
@@ -394,7 +431,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         if request is not None:
             return await commands.place(bus, request, timeout_s=args.timeout_s)
         if command == "watch":
-            return await commands.watch(bus, args.subject, count=args.count)
+            return await commands.watch(bus, args.subject, count=args.count, last=args.last)
         if command == "check":
             return await _check(bus, settings, settle_s=args.settle_s)
         if command == "usage":
@@ -418,7 +455,10 @@ async def _check(bus: Bus, settings: Settings, *, settle_s: float) -> int:
     if kube is None:
         raise ConfigError("hcs check needs a cluster: set KUBECONFIG or run in-cluster")
     try:
-        limits = pledgecheck.Limits(ttl_s=settings.scheduler.pledge_ttl_s)
+        limits = pledgecheck.Limits(
+            ttl_s=settings.scheduler.pledge_ttl_s,
+            orphan_after_s=settings.scheduler.pledge_unclaimed_s,
+        )
         return await checking.run(bus, kube, settle_s=settle_s, limits=limits)
     finally:
         await kube.close()
@@ -431,16 +471,39 @@ async def _up(args: argparse.Namespace, settings: Settings) -> int:
         nats_url=args.nats_url,
         fleet=args.fleet or _default_fleet(),
         for_s=args.for_s,
-        extender=await _bind_address(args.extender, flag="--extender"),
-        webhook=await _bind_address(args.webhook, flag="--webhook"),
-        console=await _bind_address(args.console, flag="--console"),
+        extender=await _listen_address(args.extender, flag="--extender"),
+        webhook=await _listen_address(args.webhook, flag="--webhook"),
+        console=await _listen_address(args.console, flag="--console"),
         state_dir=args.state_dir,
         demo_job=args.demo_job,
+        nats_cluster=args.nats_cluster,
     )
+    if args.nats_url and args.nats_cluster > 1:
+        raise ConfigError("hcs up: --nats-cluster starts its own servers; drop --nats-url")
     if args.nats_url:  # an unreachable NATS is one line now, not a hang later
         probe = await connect(settings.bus, name="hcs-up", give_up_after_s=args.connect_timeout_s)
         await probe.nc.close()
     return await run(settings, options)
+
+
+async def _listen_address(host_port: tuple[str, int] | None, *, flag: str) -> str:
+    """Where a server of ``hcs up`` listens: a free port on 127.0.0.1 when the
+    flag is not given, else the address asked for, which must be free now."""
+    if host_port is None:
+        return f"127.0.0.1:{free_port()}"
+    address = await _bind_address(host_port, flag=flag)
+    host, _, port = address.rpartition(":")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            raise ConfigError(
+                f"hcs up: {flag} {address}: {exc.strerror or exc}; "
+                f"give {flag} another HOST:PORT, or leave {flag} out for a free port"
+            ) from None
+    return address
 
 
 async def _bind_address(host_port: tuple[str, int], *, flag: str) -> str:

@@ -128,10 +128,16 @@ async def update(
     seen: Callable[[Read[T]], None] | None = None,
     lost: Callable[[], None] | None = None,
     attempts: int = ATTEMPTS,
+    absent_first: bool = False,
 ) -> R:
     """Decide on the key's value and write the decision with compare-and-set,
-    again on a lost race; ``decide``'s result once written (or kept)."""
+    again on a lost race; ``decide``'s result once written (or kept).
+    ``absent_first``: decide first as if the key were absent (no ``known``
+    copy), for keys that usually are: a ``Put`` is then one create, and a
+    key that exists after all is read when the create loses."""
     held = known if known is not None and known.revision is not None else None
+    if held is None and absent_first:
+        held = Read(None, None)
     fresh, lost_count = False, 0
     while True:
         if held is None:

@@ -174,7 +174,13 @@ class PlanRequest(_Frozen, frozen=True, tag="plan_request", tag_field="type"):
     pod_name: str = ""
     dry_run: bool = False
     generate_name: str = ""  # the pod's generateName when it has no name yet
-    pod_uid: str = ""  # the pod's uid when known ("" from senders that do not say)
+    # the AdmissionReview that asks (request.uid): a pledging plan names it, so
+    # its pledge is tied to one admission (docs/architecture.md#ledger)
+    admission_uid: str = ""
+    # a gang member (docs/architecture.md#gangs): its gang's run key (namespace/job/run)
+    # and size; its class is the gang's, pinned by the first member, and no pledge is made
+    gang_key: str = ""
+    gang_size: int = 0
     v: int = 1
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from hcs_bus import demands, vocabulary
+from hcs_bus import demands, jobs, vocabulary
 from hcs_bus.demands import Demand, DemandError
 from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.messages import Plan, PlanRequest
@@ -140,8 +140,9 @@ class Admitter:
         choice = rebinding.choose(annotations, self.ctx.rebinding)
         warnings: list[str] = []
         pledge = annotations.get(guarding.PLEDGE, "") if note is not None else ""
+        gang = gang_of(pod, namespace=request.namespace)
         if note is None:
-            planned = await self._plan(request, pod, demand, choice, budget_s=budget_s)
+            planned = await self._plan(request, pod, demand, choice, budget_s=budget_s, gang=gang)
             if isinstance(planned, Answer):
                 return planned
             note, warnings = plans.note_of(planned), _plan_warnings(planned)
@@ -158,9 +159,13 @@ class Admitter:
         if traceparent and vocabulary.TRACEPARENT not in annotations:  # kept on reinvocation
             values[vocabulary.TRACEPARENT] = traceparent
         warnings += self._keep_submitted(request, annotations, pod, values)
+        if gang is not None:
+            values[vocabulary.GANG], values[vocabulary.GANG_SIZE] = gang[0], str(gang[1])
         mutation = mutating.mutate(
             pod, demand=demand, note=note, plan_annotations=values, choice=choice, ctx=self.ctx
         )
+        if gang is not None:
+            mutation.ops.extend(gate_ops(pod))
         _log.info(
             "admission_patched",
             uid=uid,
@@ -243,6 +248,7 @@ class Admitter:
         choice: rebinding.Choice | None,
         *,
         budget_s: float,
+        gang: tuple[str, int] | None = None,
     ) -> Plan | Answer:
         policy = demand.policy
         if choice is not None:
@@ -256,6 +262,9 @@ class Admitter:
             pod_name=str(metadata.get("name") or metadata.get("generateName") or ""),
             generate_name="" if metadata.get("name") else str(metadata.get("generateName") or ""),
             dry_run=bool(request.dry_run),
+            admission_uid=request.uid,
+            gang_key=gang[0] if gang is not None else "",
+            gang_size=gang[1] if gang is not None else 0,
         )
         try:
             async with asyncio.timeout(budget_s):
@@ -316,6 +325,28 @@ def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
     if not isinstance(pod.get("metadata", {}), dict):
         raise DemandError(f"request.{what}.metadata is not an object")
     return pod
+
+
+def gang_of(pod: dict[str, Any], *, namespace: str) -> tuple[str, int] | None:
+    """(run key, size) of the gang the pod is a member of: a job of more than
+    one pod (its size, else its least size); None for a pod of no gang.
+    ``JobError`` when the pod's job is unreadable (the pod is refused)."""
+    identity = jobs.read(pod, namespace=namespace or None)
+    if identity is None:
+        return None
+    size = identity.size or identity.min_size or 0
+    return (identity.run_key, size) if size > 1 else None
+
+
+def gate_ops(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that puts HCS's gang gate on ``pod`` (none when it has it)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates")
+    gate = {"name": vocabulary.GANG_GATE}
+    if not isinstance(gates, list) or not gates:
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [gate]}]
+    if any(isinstance(g, dict) and g.get("name") == vocabulary.GANG_GATE for g in gates):
+        return []
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]
 
 
 def _identity(pod: dict[str, Any]) -> str:

@@ -69,6 +69,7 @@ class Pledge(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     spent_s: float | None = None
     uid: str = ""  # the pod that spent it
     pod: str = ""  # its name
+    admission: str = ""  # the AdmissionReview uid it was made for
 
     @property
     def key(self) -> str:

@@ -40,6 +40,7 @@ from hcs_bus.telemetry import logger, meter
 from scheduler.ledger import pledge_rules as pledges
 from scheduler.ledger.group_commit import Batches
 from scheduler.ledger.pledge_rules import NamespacePledges, Pledge
+from scheduler.plan import gang_records
 from scheduler.plan import rules as planning
 from scheduler.plan.pods import PlanAnnotation as Sizing
 
@@ -128,10 +129,17 @@ class Pledger:
         self._ids: frozenset[str] = frozenset()  # pledges the last summary saw reserved
         self._deleted = False  # own keys deleted since the last compaction
         self._listed: dict[str, float] = {}  # per namespace: when its pods were last listed
+        self.gangs = gang_records.Records()  # gang records: their rank pledges count too
 
     # -- documents and own keys --------------------------------------------
     def apply(self, key: str, value: bytes | None, revision: int) -> None:
-        """A KV watch entry for a pledge key (None/empty: deleted)."""
+        """A KV watch entry for a pledge key (None/empty: deleted); other
+        non-node keys of the ledger (pod claims, gangs) are not pledges."""
+        if gang_records.is_gang_key(key):
+            self._apply_gang(key, value, revision)
+            return
+        if not pledges.is_pledge_key(key):
+            return
         ns, pledge_id = pledges.parse_key(key)
         if pledge_id:
             self._apply_own(ns, pledge_id, value, revision)
@@ -146,6 +154,16 @@ class Pledger:
             self.docs[ns] = _Held(_DECODER.decode(value), revision)
         except msgspec.MsgspecError as exc:
             _log.error("bad_pledge_doc", key=key, rev=revision, error=str(exc))
+
+    def _apply_gang(self, key: str, value: bytes | None, revision: int) -> None:
+        """A gang record's entry: a pledged gang's rank pledges count as the namespace's."""
+        try:
+            changed = self.gangs.apply(key, value, revision)
+        except msgspec.MsgspecError as exc:
+            _log.error("bad_gang_record", key=key, rev=revision, error=str(exc))
+            return
+        if changed:
+            self._changed(gang_records.namespace_of(key))
 
     def _apply_own(self, ns: str, pledge_id: str, value: bytes | None, revision: int) -> None:
         pledge = None
@@ -185,12 +203,12 @@ class Pledger:
     def _all(self, ns: str) -> NamespacePledges | None:
         """Everything known of the namespace: its document and its own keys."""
         held, mine = self.docs.get(ns), self.keyed.get(ns)
-        if not mine:
+        ganged = self.gangs.pledges(ns)
+        if not mine and not ganged:
             return held.doc if held is not None else None
         before = held.doc.pledges if held is not None and held.doc is not None else ()
-        return NamespacePledges(
-            namespace=ns, pledges=(*before, *(own.pledge for own in mine.values()))
-        )
+        kept = (o.pledge for o in (mine or {}).values())
+        return NamespacePledges(namespace=ns, pledges=(*before, *kept, *ganged))
 
     async def read(self, namespace: str) -> _Held:
         """The namespace's document as KV holds it now (kept in ``docs``)."""
@@ -290,7 +308,7 @@ class Pledger:
         )
 
     def _namespaces(self) -> list[str]:
-        return list(self.docs.keys() | self.keyed.keys())
+        return list(self.docs.keys() | self.keyed.keys() | self.gangs.namespaces())
 
     def charged(self, summary: planning.Summary) -> planning.Summary:
         """The view's summary with every known outstanding pledge counted."""
@@ -427,6 +445,7 @@ class Pledger:
             time_s=self.clock(),
             name="" if request.generate_name else request.pod_name,
             generate_name=request.generate_name,
+            admission=request.admission_uid,
         )
 
     # -- spend at bind ----------------------------------------------------

@@ -38,7 +38,7 @@ from nats.js.kv import KeyValue
 
 from hcs_bus import checkpoint, kvcas, messages, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import HcsError, KubeNotFound
+from hcs_bus.errors import BusUnavailable, HcsError, KubeNotFound
 from hcs_bus.messages import (
     AllocationEvent,
     AllocState,
@@ -51,6 +51,7 @@ from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, span, zero_init
 from scheduler.extender.collectives import collective_annotations
 from scheduler.extender.rules import Demand, check_node, choose_devices, slices_for
 from scheduler.ledger import audit_rules as ledger
+from scheduler.ledger import claim_rules as claims
 from scheduler.ledger.audit_rules import BindingOutcome
 from scheduler.ledger.group_commit import Batches
 from scheduler.plan import pods
@@ -102,6 +103,7 @@ OVERCOMMITS = _meter.create_counter(
 MAX_ATTEMPTS = 50
 MARK_AFTER_S = 1.0  # longest a bound pod's mark waits for its node's next write
 _DOC = messages.decoder_for(NodeReservations)
+_CLAIM = msgspec.json.Decoder(claims.PodClaim)
 
 
 class Kube(Protocol):
@@ -209,9 +211,13 @@ class Booker:
         kube: Kube | None,
         replica: str,
         clock: Callable[[], float] = time.time,
+        claim_ttl_s: float = 60.0,
     ) -> None:
         self.bus, self.kv, self.ckpt, self.state = bus, kv, ckpt, state
         self.kube, self.replica, self.clock = kube, replica, clock
+        # a claim whose node holds no reservation is stale this long after it
+        # was made (``claim_rules``: a bind that crashed between the two)
+        self.claim_ttl_s = claim_ttl_s
         # the admission's pledge spent before a reservation (``Planner.spend``);
         # ("", pledge id) or (refusal, "")
         self.spend: Callable[[pods.PodInfo, Demand], Awaitable[tuple[str, str]]] | None = None
@@ -271,13 +277,24 @@ class Booker:
             if refusal:
                 BINDS.add(1, {"outcome": "pledge_refused"})
                 return refusal
+            with _step("claim"):
+                try:
+                    claimed = await self._claim(pod.ref, node=node)
+                except HcsError as exc:
+                    raise BusUnavailable(f"{exc} (binding to {node})") from exc
+            if claimed:
+                BINDS.add(1, {"outcome": "claimed_elsewhere"})
+                _log.warning("bind_refused_claimed", pod=pods_key(pod.ref), node=node, why=claimed)
+                return claimed
             with _step("reserve"):
                 reservation = await self._reserve(pod, demand, node=node, pledge=pledge)
         except HcsError as exc:
             BINDS.add(1, {"outcome": "refused"})
+            await self._unclaim_quietly(pod.ref, node=node)
             return str(exc)
         if isinstance(reservation, str):
             BINDS.add(1, {"outcome": "no_longer_fits"})
+            await self._unclaim_quietly(pod.ref, node=node)
             return reservation
         with _step("binding"):
             note, annotations = await self._post_binding(
@@ -295,6 +312,69 @@ class Booker:
         await self.announce(node, reservation, state="bound", reason=note, annotations=annotations)
         BINDS.add(1, {"outcome": "bound"})
         return ""
+
+    async def _claim(self, ref: PodRef, *, node: str) -> str:
+        """Claim the pod for ``node`` (``claim_rules``) in one compare-and-set:
+        "" when it may be bound there, else kube-scheduler's error. Tried as
+        a create first (the usual case: no claim yet), so it costs one write."""
+        now = self.clock()
+        mine = claims.PodClaim(node=node, uid=ref.uid, time_s=now)
+
+        async def decide(
+            found: claims.PodClaim | None,
+        ) -> kvcas.Change[claims.PodClaim, str]:
+            held_there = False
+            if found is not None and found.node != node:
+                held_there = ledger.holding((await self.read(found.node)).doc, ref) is not None
+            v = claims.verdict(
+                found,
+                node=node,
+                uid=ref.uid,
+                now=now,
+                ttl_s=self.claim_ttl_s,
+                held_there=held_there,
+            )
+            if v.outcome == "take":
+                return kvcas.Put(mine, "")
+            if v.outcome == "mine":
+                return kvcas.Keep("")
+            return kvcas.Keep(claims.refusal(v, ref=ref, node=node))
+
+        answer: str = await kvcas.update(
+            self.kv,
+            claims.key_for(ref),
+            decide,
+            decode=_CLAIM.decode,
+            encode=messages.encode,
+            absent_first=True,
+            attempts=MAX_ATTEMPTS,
+        )
+        return answer
+
+    async def _unclaim(self, ref: PodRef, *, node: str) -> None:
+        """Drop the pod's claim when it names ``node`` (its reservation there is gone)."""
+
+        def decide(found: claims.PodClaim | None) -> kvcas.Change[claims.PodClaim, None]:
+            if claims.releasable(found, node=node, uid=ref.uid):
+                return kvcas.Delete(None)
+            return kvcas.Keep(None)
+
+        await kvcas.update(
+            self.kv,
+            claims.key_for(ref),
+            decide,
+            decode=_CLAIM.decode,
+            encode=messages.encode,
+            attempts=MAX_ATTEMPTS,
+        )
+
+    async def _unclaim_quietly(self, ref: PodRef, *, node: str) -> None:
+        """``_unclaim``; a failure is logged: the claim goes stale after
+        ``claim_ttl_s`` anyway (its node holds no reservation)."""
+        try:
+            await self._unclaim(ref, node=node)
+        except HcsError as exc:
+            _log.warning("unclaim_failed", pod=pods_key(ref), node=node, error=str(exc))
 
     async def _reserve(
         self, pod: pods.PodInfo, demand: Demand, *, node: str, pledge: str = ""
@@ -513,6 +593,7 @@ class Booker:
             return _Change(None, None)  # nothing to drop
 
         dropped: Reservation | None = await self.batches.submit(node, drop)
+        await self._unclaim_quietly(dropped.pod if dropped is not None else ref, node=node)
         if dropped is None:
             return None
         return await self.announce(node, dropped, state=state, reason=reason)

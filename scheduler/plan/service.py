@@ -24,6 +24,7 @@ from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
 from scheduler.plan import rules as planning
+from scheduler.plan.gang_service import GangPins
 from scheduler.plan.pods import PlanAnnotation, PodInfo
 from scheduler.quota.source import QuotaSource
 from scheduler.view.state import ClusterState
@@ -68,6 +69,7 @@ class Planner:
         self._at = float("-inf")
         self._dirty = True
         self.pledger: Pledger | None = None  # set by the replica: pledges counted and made
+        self.gangs: GangPins | None = None  # set by the replica: gang members' classes
 
     def changed(self, node: str) -> None:
         self._parts.changed(node)
@@ -95,6 +97,8 @@ class Planner:
 
     async def place(self, request: PlanRequest) -> Plan:
         """The admission's plan: a non-dry-run one also makes its pledge."""
+        if request.gang_key and not request.dry_run and self.gangs is not None:
+            return await self.gangs.place(request)
         if request.dry_run or self.pledger is None:
             return await self.plan(request)
         quoted = await self.quotas.limits(request.namespace) is not None
@@ -182,6 +186,8 @@ class PlanService:
     async def _pledging(self, request: PlanRequest) -> Plan:
         if request.dry_run:
             return _refuse(request, "dry_run_on_pledging_subject", subject=subjects.PLACE)
+        if not request.admission_uid or not (request.pod_name or request.generate_name):
+            return _unbound(request)
         return await self._place(request)
 
     async def _dry(self, request: PlanRequest) -> Plan:
@@ -227,6 +233,25 @@ def _refuse(request: PlanRequest, reason: str, *, subject: str) -> Plan:
     right = subjects.place(dry_run=request.dry_run)
     kind = "a dry run" if request.dry_run else "a plan that pledges (dry_run false)"
     return Plan(ok=False, reason=f"hcs: {kind} is asked on {right}, not on {subject}")
+
+
+def _unbound(request: PlanRequest) -> Plan:
+    """A pledging plan that names no admission or no pod: a pledge must be
+    tied to the admission of one pod (released within
+    ``pledge_unclaimed_s`` when that pod never appears), so it is refused."""
+    PLAN_REFUSALS.add(1, {"reason": "pledge_without_admission"})
+    _log.warning(
+        "plan_request_refused",
+        subject=subjects.PLACE,
+        reason="pledge_without_admission",
+        namespace=request.namespace[:128],
+        pod=request.pod_name[:256],
+    )
+    return Plan(
+        ok=False,
+        reason="hcs: a plan that pledges must name its admission (admission_uid) and its pod "
+        "(pod_name or generate_name)",
+    )
 
 
 def _bad_release(reason: str) -> AllocationEvent:

@@ -106,6 +106,7 @@ def plan_request(*, dry_run: bool, ns: str = "ml", name: str = "train-0") -> Pla
         policy=Policy(),
         pod_name=name,
         dry_run=dry_run,
+        admission_uid="" if dry_run else f"admission-{ns}-{name}",
     )
 
 

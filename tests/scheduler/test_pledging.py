@@ -40,6 +40,7 @@ def _request(i: int, *, dry_run: bool = False) -> PlanRequest:
         policy=Policy(),
         pod_name=f"p{i}",
         dry_run=dry_run,
+        admission_uid="" if dry_run else f"admission-{i}",
     )
 
 
@@ -343,3 +344,57 @@ async def test_a_burst_of_plans_fills_the_cheapest_class_under_pack_and_goes_ove
     if placement == "spread":
         assert max(per_class.values()) <= 5, per_class
     assert len({p.pledge for p in plans}) == 12  # each pledged, once
+
+
+async def test_pledges_of_admissions_whose_pods_never_appear_stop_holding_the_quota_in_seconds(
+    bus: Bus, start_scheduler: Start, tmp_path: Path
+) -> None:
+    """Admissions answered for pods that never came to be (another webhook
+    refused them, the client gave up) hold a namespace's quota only until
+    ``pledge_unclaimed_s`` has passed with no pod carrying their pledge."""
+    await publish_fleet(bus, node_fp("gpu-0", count=8))
+    sched = await start_scheduler(
+        bus, http=False, quota_file=_quota_file(tmp_path, gib=80), pledge_unclaimed_s=10.0
+    )
+    await until(lambda: "gpu-0" in sched.view.state.nodes)
+    pledger = sched.planner.pledger
+    assert pledger is not None and pledger.orphan_after_s == 10.0
+    now = [pledger.clock()]
+    pledger.clock = lambda: now[0]
+    carried: list[str] = []
+
+    async def pods(namespace: str) -> list[dict]:
+        notes = [{"hcs.io/pledge": c} for c in carried]
+        return [{"metadata": {"name": f"p{i}", "annotations": a}} for i, a in enumerate(notes)]
+
+    pledger.pods = pods
+    ghost = await sched.planner.place(_request(1))  # 80 GiB: the whole quota
+    assert ghost.ok and ghost.pledge, ghost.reason
+    refused = await sched.planner.place(_request(2))
+    assert not refused.ok and "quota" in refused.reason, refused.reason
+    assert await pledger.sweep() == 0  # inside the window: its pod may still come
+    now[0] += 10.5
+    assert await pledger.sweep() == 1  # no pod carries it: gone
+    admitted = await sched.planner.place(_request(3))
+    assert admitted.ok and admitted.pledge, admitted.reason
+    carried.append(admitted.pledge)  # this one's pod exists: kept past the window
+    now[0] += 30.0
+    assert await pledger.sweep() == 0
+    assert [p.id for p in await _stored(bus)] == [admitted.pledge]
+
+
+async def test_a_plan_that_pledges_without_naming_its_admission_and_pod_is_refused_unwritten(
+    bus: Bus, start_scheduler: Start, tmp_path: Path
+) -> None:
+    await publish_fleet(bus, node_fp("gpu-0"))
+    sched = await start_scheduler(bus, http=False, quota_file=_quota_file(tmp_path, gib=80))
+    await until(lambda: "gpu-0" in sched.view.state.nodes)
+    anonymous = msgspec.structs.replace(_request(1), admission_uid="")
+    nameless = msgspec.structs.replace(_request(2), pod_name="")
+    for request in (anonymous, nameless):
+        plan = await ask_plan(bus, request, timeout_s=5.0)
+        assert not plan.ok and "must name its admission" in plan.reason, plan.reason
+    assert await _stored(bus) == []
+    named = await ask_plan(bus, _request(3), timeout_s=5.0)
+    assert named.ok and named.pledge, named.reason
+    assert [p.admission for p in await _stored(bus)] == ["admission-3"]

@@ -70,3 +70,50 @@ async def test_two_replicas_never_book_the_same_slice(
     failed = [e for e in errors if e]
     assert failed and all("no longer fits" in e for e in failed)
     assert len(succeeded) >= 4 * 8  # every device was usable by someone
+
+
+async def test_binds_of_one_pod_to_two_nodes_on_two_replicas_leave_it_on_one_node(
+    bus: Bus, bus_settings: BusSettings, start_scheduler: Start
+) -> None:
+    """kube-scheduler retried a pod's scheduling cycle and each bind went to
+    another replica and node: the pod's claim lets exactly one through, the
+    other is refused naming the node that holds it, and once the pod is
+    released it can be bound anywhere again."""
+    await publish_fleet(bus, *(node_fp(n) for n in NODES))
+    buses = [await connect(bus_settings, name=f"replica-{i}") for i in range(2)]
+    replicas = []
+    try:
+        replicas = [await start_scheduler(b, http=False) for b in buses]
+        for r in replicas:
+            await until(lambda r=r: len(r.view.state.nodes) == len(NODES))
+        pods = [_pod(i) for i in range(20)]
+        errors = await asyncio.gather(
+            *(
+                replicas[k].booker.bind(pod, SLICE, node=NODES[k])
+                for pod in pods
+                for k in (0, 1)
+            )
+        )
+        docs = {n: (await replicas[0].booker.read(n)).doc for n in NODES}
+        holders: dict[str, list[str]] = {}
+        for node, doc in docs.items():
+            for r in doc.reservations if doc is not None else ():
+                holders.setdefault(r.pod.name, []).append(node)
+        assert sorted(holders) == sorted(p.ref.name for p in pods)
+        assert all(len(nodes) == 1 for nodes in holders.values()), holders
+        refused = [e for e in errors if e and "no cluster" not in e]
+        assert len(refused) == len(pods), errors
+        assert all("not binding it to" in e for e in refused), refused
+        # released: the pod may go anywhere again (its claim went with it)
+        moved = pods[0]
+        await replicas[0].booker.release(moved.ref, reason="test", node=holders["p0"][0])
+        other = next(n for n in NODES if n != holders["p0"][0])
+        assert await replicas[1].booker.bind(moved, SLICE, node=other) in (
+            "",
+            "no cluster: Binding not posted",
+        )
+    finally:
+        for r in replicas:
+            await r.stop()
+        for b in buses:
+            await b.nc.close()
