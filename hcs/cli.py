@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     top = command("top", "the unified fleet view (live on a terminal)")
     top.add_argument("--once", action="store_true", help="print the view once and exit")
     top.add_argument("--json", action="store_true", help="print the view once as JSON")
+    top.add_argument(
+        "--limit",
+        type=flags.positive_int,
+        default=8,
+        metavar="N",
+        help="with --once or --json: the newest N alerts, newest first (default 8)",
+    )
 
     bus = command("bus", "bus administration")
     bus_sub = bus.add_subparsers(
@@ -130,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=flags.replicas,
         metavar="N",
         help="copies of each stream, 1..5 (1 on one server, 3 in a cluster; default: settings)",
+    )
+
+    compact = command(
+        "compact",
+        "purge old delete markers from the ledger's KV buckets (operator credential)",
+        parent=bus_sub,
+    )
+    compact.add_argument(
+        "--older-than-s",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="purge markers older than this many seconds (default 600)",
     )
 
     models = command("models", "list the known accelerator models and their figures")
@@ -425,7 +445,10 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     bus = await connect(settings.bus, name=f"hcs-{command}", give_up_after_s=args.connect_timeout_s)
     try:
         if command == "top":
-            return await _top(bus, settings, once=args.once or args.json, as_json=args.json)
+            once = args.once or args.json
+            return await _top(bus, settings, once=once, as_json=args.json, limit=args.limit)
+        if command == "bus" and args.bus_command == "compact":
+            return await commands.bus_compact(bus, older_than_s=args.older_than_s)
         if command == "bus":
             return await commands.bus_init(bus, settings, replicas=args.replicas)
         if request is not None:
@@ -584,7 +607,7 @@ async def _draw_live(
 async def _print_progress(
     bus: Bus, view: ClusterView, *, alerts: deque[HealthEvent], stop: asyncio.Event, period_s: float
 ) -> None:
-    from hcs.top import render, summarise
+    from hcs.top import ALERTS_SHOWN, render, summarise
 
     tick = 0
     while not stop.is_set():
@@ -597,7 +620,8 @@ async def _print_progress(
             async with asyncio.timeout(period_s):
                 await stop.wait()
     checkpoints = await _checkpoints(bus, view.state)
-    print(render(summarise(view.state, alerts=alerts, checkpoints=checkpoints)), flush=True)
+    last = summarise(view.state, alerts=alerts, checkpoints=checkpoints, limit=ALERTS_SHOWN)
+    print(render(last), flush=True)
 
 
 async def _checkpoints(bus: Bus, state: Any) -> dict[str, messages.CheckpointEvent]:
@@ -626,7 +650,7 @@ async def _collect_alerts(bus: Bus, alerts: deque[HealthEvent]) -> Any:
 
 def _progress_line(summary: dict[str, Any]) -> str:
     t = summary["totals"]
-    last = summary["alerts"][-1] if summary["alerts"] else None
+    last = summary["alerts"][0] if summary["alerts"] else None  # newest first
     tail = "".join(
         f" | job {j['job']} {j['pod']} on {j['node']} ({j['devices']}) "
         f"at {j['checkpoint'] or 'no checkpoint'}"
@@ -635,15 +659,16 @@ def _progress_line(summary: dict[str, Any]) -> str:
     if last:
         where = last["node"] + (f"/{last['device']}" if last["device"] is not None else "")
         tail += f" | last alert: {last['severity']} {last['verdict'] or last['kind']} on {where}"
+    from hcs.top import acu_text, gib_text
+
     return (
-        f"hcs: nodes {t['nodes']:.0f} devices {t['devices']:.0f} "
-        f"unhealthy {t['unhealthy_devices']:.0f} VRAM free {t['vram_free_mib'] / 1024:,.0f}/"
-        f"{t['vram_total_mib'] / 1024:,.0f} GiB ACU {t['acu']:,.0f} "
-        f"alerts {len(summary['alerts'])}{tail}"
+        f"hcs: nodes {t['nodes']:.0f} devices {t['health']['text']} VRAM free "
+        f"{gib_text(t['vram_free_mib'])}/{gib_text(t['vram_total_mib'])} GiB "
+        f"ACU {acu_text(t['acu'])} alerts {len(summary['alerts'])}{tail}"
     )
 
 
-async def _top(bus: Bus, settings: Settings, *, once: bool, as_json: bool) -> int:
+async def _top(bus: Bus, settings: Settings, *, once: bool, as_json: bool, limit: int) -> int:
     from hcs.top import render, summarise
 
     if not once:
@@ -663,7 +688,7 @@ async def _top(bus: Bus, settings: Settings, *, once: bool, as_json: bool) -> in
 
         checkpoints = await _checkpoints(bus, view.state)
         alerts = deque(await recent(bus), maxlen=50)
-        summary = summarise(view.state, alerts=alerts, checkpoints=checkpoints)
+        summary = summarise(view.state, alerts=alerts, checkpoints=checkpoints, limit=limit)
     finally:
         await view.stop()
     print(json.dumps(summary, indent=2) if as_json else render(summary))

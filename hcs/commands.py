@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from typing import Any
+
+from nats.js.errors import NotFoundError
 
 from hcs import flags, models, plans
 from hcs_bus import messages, profiles, streams, tasks
@@ -26,6 +29,20 @@ async def bus_init(bus: Bus, settings: Settings, *, replicas: int | None) -> int
     outcomes = await streams.init(bus, bus_settings)
     print(streams.render(outcomes))
     return 1 if any(o.action == "refused" for o in outcomes) else 0
+
+
+async def bus_compact(bus: Bus, *, older_than_s: float) -> int:
+    """Purge the delete markers older than ``older_than_s`` that released pod
+    claims, pledges and checkpoints leave in the ledger's KV buckets, so every
+    watch does not replay one marker per pod ever placed. The operator's
+    credential only: no part of HCS may purge a stream."""
+    for bucket in (streams.KV_ALLOC, streams.KV_CKPT):
+        kv = await bus.js.key_value(bucket)
+        before = (await kv.status()).values
+        await kv.purge_deletes(olderthan=int(older_than_s))
+        after = (await kv.status()).values
+        print(f"{bucket}: {before - after} delete markers purged, {after} entries kept")
+    return 0
 
 
 def list_models(*, vendor: str | None, as_json: bool) -> int:
@@ -138,25 +155,33 @@ async def place(bus: Bus, request: messages.PlanRequest, *, timeout_s: float) ->
     return 0 if plan.ok else 1
 
 
-async def watch(bus: Bus, subject: str, *, count: int | None) -> int:
+REPLAY_SCAN = 5000  # messages of the stream looked back over for --last
+
+
+async def watch(bus: Bus, subject: str, *, count: int | None, last: int | None = None) -> int:
+    """Print ``subject``'s messages as JSON lines: first the last ``last`` the
+    bus kept (with ``--last``), then new ones as they come; stderr says it waits."""
     done = asyncio.Event()
     seen = 0
 
-    async def on_msg(msg: Any) -> None:
+    def show(msg_subject: str, data: bytes) -> None:
         nonlocal seen
-        try:
-            body = json.loads(msg.data)
-        except ValueError:
-            body = {"undecodable": msg.data.decode(errors="replace")}
-        if not isinstance(body, dict):
-            body = {"data": body}
-        print(json.dumps({"subject": msg.subject, **body}), flush=True)
+        print(json.dumps({"subject": msg_subject, **_body(data)}), flush=True)
         seen += 1
         if count is not None and seen >= count:
             done.set()
 
+    for msg_subject, data in await _kept(bus, subject, last=last) if last else ():
+        show(msg_subject, data)
+    if done.is_set():
+        return 0
+
+    async def on_msg(msg: Any) -> None:
+        show(msg.subject, msg.data)
+
     sub = await bus.nc.subscribe(subject, cb=on_msg)
     await bus.nc.flush()  # the subscription is live before we wait
+    print(f"hcs watch: waiting for messages on {subject} (Ctrl-C stops)", file=sys.stderr)
     stop = tasks.stop_event()
     waits = [asyncio.create_task(done.wait()), asyncio.create_task(stop.wait())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -164,6 +189,48 @@ async def watch(bus: Bus, subject: str, *, count: int | None) -> int:
         task.cancel()
     await sub.unsubscribe()
     return 0
+
+
+def _body(data: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return {"undecodable": data.decode(errors="replace")}
+    return body if isinstance(body, dict) else {"data": body}
+
+
+async def _kept(bus: Bus, subject: str, *, last: int) -> list[tuple[str, bytes]]:
+    """The newest ``last`` messages on ``subject`` its stream keeps, oldest first."""
+    try:
+        stream = await bus.js.find_stream_name_by_subject(subject)
+    except NotFoundError:
+        raise ConfigError(
+            f"hcs watch: --last: no stream keeps {subject!r}, so there is nothing to replay"
+        ) from None
+    info = await bus.js.stream_info(stream)
+    found: list[tuple[str, bytes]] = []
+    seq = info.state.last_seq
+    floor = max(info.state.first_seq, info.state.last_seq - REPLAY_SCAN + 1)
+    while seq and seq >= floor and len(found) < last:
+        try:
+            raw = await bus.js.get_msg(stream, seq)
+        except NotFoundError:  # deleted or aged out meanwhile
+            raw = None
+        if raw is not None and raw.subject and subject_matches(subject, raw.subject):
+            found.append((raw.subject, raw.data or b""))
+        seq -= 1
+    return found[::-1]
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` one token, ``>`` the rest (one or more)."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(have) == len(want)
 
 
 def certs(args: argparse.Namespace) -> int:

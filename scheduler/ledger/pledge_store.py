@@ -48,7 +48,6 @@ _log = logger("hcs.scheduler.pledging")
 _meter = meter("hcs.scheduler")
 PLEDGES = _meter.create_counter("hcs_scheduler_pledges", description="pledge outcomes")
 MAX_ATTEMPTS = 50  # writes of one key tried before giving up (``hcs_bus.kvcas``)
-COMPACT_EVERY_S = 600.0  # delete markers of pledge keys older than this are purged
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(NamespacePledges)
 _ONE = msgspec.json.Decoder(Pledge)
@@ -127,7 +126,6 @@ class Pledger:
         # per namespace: requests that arrive during a write are planned together
         self._batches: Batches[str, _Waiting, Plan] = Batches(self._commit)
         self._ids: frozenset[str] = frozenset()  # pledges the last summary saw reserved
-        self._deleted = False  # own keys deleted since the last compaction
         self._listed: dict[str, float] = {}  # per namespace: when its pods were last listed
         self.gangs = gang_records.Records()  # gang records: their rank pledges count too
 
@@ -265,7 +263,6 @@ class Pledger:
         mine = self.keyed.get(ns, {})
         if mine.pop(pledge_id, None) is not None:
             self._changed(ns)
-        self._deleted = True
         return True
 
     def lock(self, namespace: str) -> asyncio.Lock:
@@ -595,21 +592,6 @@ class Pledger:
             count += await self._drop_orphans(ns, now=now)
         return count
 
-    async def compact(self, *, older_than_s: float = COMPACT_EVERY_S) -> bool:
-        """Purge the delete markers pledge keys left behind (older than
-        ``older_than_s``) when this replica deleted any since the last time:
-        a million pods must not leave a million markers for every watch to
-        replay."""
-        if not self._deleted:
-            return False
-        self._deleted = False
-        try:
-            await self.kv.purge_deletes(olderthan=int(older_than_s))
-        except NatsError as exc:
-            self._deleted = True
-            raise BusUnavailable(f"hcs: cannot purge pledge delete markers: {exc!r}") from exc
-        return True
-
     async def _drop_orphans(self, ns: str, *, now: float) -> int:
         known = self._all(ns)
         if self.pods is None or known is None:
@@ -700,16 +682,12 @@ def _why(verdict: pledges.Spend, pledge_id: str) -> str:
 
 
 async def sweep_loop(pledger: Pledger, *, every_s: float = 5.0) -> None:
-    """Sweep forever (and purge old delete markers now and then); a failed
-    round is logged and tried again."""
-    loop = asyncio.get_running_loop()
-    compacted = loop.time()
+    """Sweep forever; a failed round is logged and tried again. (The delete
+    markers swept keys leave are purged by the operator's ``hcs bus
+    compact``: no part may purge a stream.)"""
     while True:
         await asyncio.sleep(every_s)
         try:
             await pledger.sweep()
-            if loop.time() - compacted >= COMPACT_EVERY_S:
-                compacted = loop.time()
-                await pledger.compact()
         except HcsError as exc:
             _log.warning("pledge_sweep_failed", error=str(exc))

@@ -82,3 +82,29 @@ def test_a_change_the_server_refuses_is_reported_and_exits_1(empty_url: str) -> 
     assert actions.pop("HCS_FP").startswith("refused (")
     assert set(actions.values()) == {"created"}
     assert "Traceback" not in done.err
+
+
+def test_compact_purges_the_ledgers_delete_markers_and_keeps_live_keys(empty_url: str) -> None:
+    """Released claims and pledges leave delete markers that every watch
+    replays; the operator's ``hcs bus compact`` purges them (no part may)."""
+    assert hcs("bus", "init", "--nats-url", empty_url).code == 0
+
+    async def stage() -> tuple[int, list[str]]:
+        bus = await connect(BusSettings(url=empty_url), name="stage")
+        try:
+            kv = await bus.js.key_value(streams.KV_ALLOC)
+            for i in range(5):
+                await kv.put(f"claims=ml=p{i}", b"{}")
+            for i in range(4):
+                await kv.delete(f"claims=ml=p{i}")
+            await kv.put("gpu-0", b"{}")
+            return (await kv.status()).values, sorted(await kv.keys())
+        finally:
+            await bus.nc.close()
+
+    before, keys = asyncio.run(stage())
+    assert before == 6 and keys == ["claims=ml=p4", "gpu-0"]
+    done = hcs("bus", "compact", "--older-than-s", "0", "--nats-url", empty_url)
+    assert done.code == 0, done.err
+    assert "hcs_alloc: 4 delete markers purged, 2 entries kept" in done.out
+    assert asyncio.run(stage())[1] == ["claims=ml=p4", "gpu-0"]
