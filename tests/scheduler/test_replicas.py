@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
 
 from hcs_bus.bus import Bus, connect
 from hcs_bus.settings import BusSettings
 from scheduler.plan.pods import PlanAnnotation, PodInfo
+from scheduler.replica import Scheduler
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import A100_WHOLE, node_fp, pod_info, publish_fleet, until
 
@@ -27,16 +30,30 @@ def _pod(i: int) -> PodInfo:
     return pod_info(f"p{i}", uid=f"u{i}")
 
 
-async def test_two_replicas_never_book_the_same_slice(
+@contextlib.asynccontextmanager
+async def _two_replicas(
     bus: Bus, bus_settings: BusSettings, start_scheduler: Start
-) -> None:
+) -> AsyncIterator[list[Scheduler]]:
+    """Two replicas on connections of their own, each seeing the whole fleet."""
     await publish_fleet(bus, *(node_fp(n) for n in NODES))
     buses = [await connect(bus_settings, name=f"replica-{i}") for i in range(2)]
-    replicas = []
+    replicas: list[Scheduler] = []
     try:
         replicas = [await start_scheduler(b, http=False) for b in buses]
         for r in replicas:
             await until(lambda r=r: len(r.view.state.nodes) == len(NODES))
+        yield replicas
+    finally:
+        for r in replicas:
+            await r.stop()
+        for b in buses:
+            await b.nc.close()
+
+
+async def test_two_replicas_never_book_the_same_slice(
+    bus: Bus, bus_settings: BusSettings, start_scheduler: Start
+) -> None:
+    async with _two_replicas(bus, bus_settings, start_scheduler) as replicas:
         rng = random.Random(7)
         jobs = []
         for i in range(200):
@@ -45,11 +62,6 @@ async def test_two_replicas_never_book_the_same_slice(
             jobs.append(replica.booker.bind(_pod(i), demand, node=rng.choice(NODES)))
         errors = await asyncio.gather(*jobs)
         docs = {n: (await replicas[0].booker.read(n)).doc for n in NODES}
-    finally:
-        for r in replicas:
-            await r.stop()
-        for b in buses:
-            await b.nc.close()
     booked: dict[str, int] = {}
     for node, doc in docs.items():
         assert doc is not None
@@ -79,20 +91,10 @@ async def test_binds_of_one_pod_to_two_nodes_on_two_replicas_leave_it_on_one_nod
     another replica and node: the pod's claim lets exactly one through, the
     other is refused naming the node that holds it, and once the pod is
     released it can be bound anywhere again."""
-    await publish_fleet(bus, *(node_fp(n) for n in NODES))
-    buses = [await connect(bus_settings, name=f"replica-{i}") for i in range(2)]
-    replicas = []
-    try:
-        replicas = [await start_scheduler(b, http=False) for b in buses]
-        for r in replicas:
-            await until(lambda r=r: len(r.view.state.nodes) == len(NODES))
+    async with _two_replicas(bus, bus_settings, start_scheduler) as replicas:
         pods = [_pod(i) for i in range(20)]
         errors = await asyncio.gather(
-            *(
-                replicas[k].booker.bind(pod, SLICE, node=NODES[k])
-                for pod in pods
-                for k in (0, 1)
-            )
+            *(replicas[k].booker.bind(pod, SLICE, node=NODES[k]) for pod in pods for k in (0, 1))
         )
         docs = {n: (await replicas[0].booker.read(n)).doc for n in NODES}
         holders: dict[str, list[str]] = {}
@@ -112,8 +114,3 @@ async def test_binds_of_one_pod_to_two_nodes_on_two_replicas_leave_it_on_one_nod
             "",
             "no cluster: Binding not posted",
         )
-    finally:
-        for r in replicas:
-            await r.stop()
-        for b in buses:
-            await b.nc.close()
