@@ -81,9 +81,13 @@ def npu_smi_detector(
 ) -> Detector:
     """``npu-smi info``; on an Atlas A3, each die named by its bin, read once
     per die from ``npu-smi info -t board`` (a die whose board cannot be read
-    stays an ``Ascend910C-die``, the least bin, and is asked again later)."""
+    stays an ``Ascend910C-die``, the least bin, and is asked again later);
+    with two devices or more, their HCCS and PCIe links from ``npu-smi info
+    -t topo``, read once for a set of devices (a run that fails leaves them
+    without links, is a note, and is tried again after ``board_retry_s``)."""
     socs: dict[str, str | None] = {}  # die uuid -> its SoC (None: the board names none)
     failed: dict[str, float] = {}  # die uuid -> when its board could not be read
+    topology = _Topology(tool=tool, timeout_s=timeout_s, retry_s=board_retry_s)
 
     async def soc_of(die: npu_smi.A3Die, uuid: str, notes: list[str]) -> str | None:
         if uuid in socs:
@@ -102,7 +106,18 @@ def npu_smi_detector(
 
     async def detect() -> Parsed:
         text = await run_tool([tool, "info"], timeout_s=timeout_s)
-        parsed = npu_smi.parse_info(text, db=db)
+        named = await named_dies(text, npu_smi.parse_info(text, db=db))
+        return await linked(named)
+
+    async def linked(parsed: Parsed) -> Parsed:
+        """The devices with their links from ``npu-smi info -t topo``."""
+        if sum(1 for d in parsed.devices if not d.error) < 2:
+            return parsed
+        cells, notes = await topology.cells(parsed.devices)
+        devices, unread = npu_smi.with_links(parsed.devices, cells, db=db)
+        return Parsed(devices=devices, errors=parsed.errors, notes=(*parsed.notes, *notes, *unread))
+
+    async def named_dies(text: str, parsed: Parsed) -> Parsed:
         if not any(d.model == npu_smi.A3_DIE for d in parsed.devices):
             return parsed  # no A3 here: its table is not read a second time
         dies = {die.device: die for die in npu_smi.a3_dies(text)}
@@ -120,6 +135,41 @@ def npu_smi_detector(
         return Parsed(devices=tuple(devices), errors=parsed.errors, notes=tuple(notes))
 
     return Detector("npu-smi", detect)
+
+
+class _Topology:
+    """``npu-smi info -t topo``, read once for a set of devices (their uuids)
+    and again when the set changes; a run that fails is a note, its devices
+    have no links, and it is tried again after ``retry_s``. A row it cannot
+    read is a note too (logged once, not at every poll)."""
+
+    def __init__(self, *, tool: str, timeout_s: float, retry_s: float) -> None:
+        self.tool = tool
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.read_for: tuple[str, ...] | None = None
+        self.cells_read: list[npu_smi.TopoCell] = []
+        self.notes_read: list[str] = []
+        self.failed_at = -retry_s
+
+    async def cells(
+        self, devices: Sequence[DeviceFingerprint]
+    ) -> tuple[list[npu_smi.TopoCell], list[str]]:
+        """The cells for ``devices`` and notes on what could not be read."""
+        uuids = tuple(sorted(d.uuid for d in devices))
+        if uuids == self.read_for:
+            return self.cells_read, self.notes_read
+        if time.monotonic() - self.failed_at < self.retry_s:
+            return [], []
+        try:
+            text = await run_tool([self.tool, "info", "-t", "topo"], timeout_s=self.timeout_s)
+        except DetectorFailure as exc:
+            self.failed_at = time.monotonic()
+            return [], [f"no NPU links: {exc}"]
+        cells, errors = npu_smi.parse_topo(text)
+        self.read_for, self.cells_read = uuids, cells
+        self.notes_read = [f"{e.tool} -t topo: {e.reason}" for e in errors]
+        return self.cells_read, self.notes_read
 
 
 def hy_smi_detector(*, db: ProfileDB, timeout_s: float, tool: str = "hy-smi") -> Detector:

@@ -1,7 +1,9 @@
 """Writing the node's labels and extended resources to Kubernetes.
 
 What to write is decided in :mod:`agents.labels`; here it is written: labels
-by a merge patch on the Node, capacity by a JSON Patch on ``nodes/<n>/status``
+by a merge patch on the Node (with ``ai.compute/collective`` and ``ai.compute/fabric``,
+whose group may be the operator's label on the Node: learnt from the Node the
+patch returns, and written again at once when it changes the fabric), capacity by a JSON Patch on ``nodes/<n>/status``
 (both through :mod:`hcs_bus.kube`), each only when it differs from what was
 last written, and everything again every ``resync_s`` (a Node deleted and
 registered again has lost both). A Node that does not exist (yet) is logged
@@ -19,7 +21,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from agents.labels import capacity, valid_labels
+from agents.labels import capacity, collective_labels, valid_labels
 from hcs_bus.errors import KubeError, KubeNotFound
 from hcs_bus.kube import Kube
 from hcs_bus.messages import DeviceFingerprint
@@ -54,6 +56,7 @@ class Labeler:
         self._retry_at_s = float("-inf")
         self._last_error: str | None = None
         self._given: dict[str, str] | None = None
+        self._node_labels: dict[str, str] = {}  # the Node's, as the last patch returned them
         self._good: dict[str, str] = {}
         self._warned = False
 
@@ -65,7 +68,7 @@ class Labeler:
             return False
         if self._synced_at_s is None or now_s - self._synced_at_s >= self.resync_s:
             return True
-        return self._valid(labels) != self.written_labels or (
+        return self._valid(self._wanted(labels)) != self.written_labels or (
             capacity(devices) != self.written_capacity
         )
 
@@ -82,13 +85,16 @@ class Labeler:
             return False
         if self._synced_at_s is not None and now_s - self._synced_at_s >= self.resync_s:
             self.written_labels = self.written_capacity = self._synced_at_s = None
-        good = self._valid(labels)
         cap = capacity(devices)
         wrote = False
         try:
-            if good != self.written_labels:
-                await self.kube.patch_node_labels(self.node, dict(good))
+            for _ in range(2):  # again when the Node's own labels change the fabric
+                good = self._valid(self._wanted(labels))
+                if good == self.written_labels:
+                    break
+                node = await self.kube.patch_node_labels(self.node, self._patch(labels, good))
                 self.written_labels, wrote = good, True
+                self._node_labels = dict(node.get("metadata", {}).get("labels") or {})
             if cap != self.written_capacity:
                 await self.kube.patch_node_capacity(self.node, cap)
                 self.written_capacity, wrote = cap, True
@@ -102,6 +108,18 @@ class Labeler:
         if wrote:
             _log.info("node_labelled", node=self.node, labels=good, capacity=cap)
         return wrote
+
+    def _wanted(self, labels: Mapping[str, str]) -> dict[str, str]:
+        """``labels`` with the collective and fabric labels they and the Node give."""
+        derived = collective_labels(labels, node=self._node_labels)
+        return {**labels, **{k: v for k, v in derived.items() if v is not None}}
+
+    def _patch(self, labels: Mapping[str, str], good: Mapping[str, str]) -> dict[str, str | None]:
+        """``good``, and None (remove) for a collective or fabric label the
+        Node has that no longer holds."""
+        derived = collective_labels(labels, node=self._node_labels)
+        gone = {k: None for k, v in derived.items() if v is None and k in self._node_labels}
+        return {**good, **gone}
 
     def _valid(self, labels: Mapping[str, str]) -> dict[str, str]:
         """The labels Kubernetes accepts; the others named once per change."""

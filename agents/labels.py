@@ -2,7 +2,13 @@
 
 Labels ``hcs.io/vendor``, ``hcs.io/model`` (from the usable devices),
 ``hcs.io/network-group`` and ``hcs.io/rdma-fabric`` (given by the operator or
-the fleet file), plus any labels the fleet file lists. Capacity, in the unit
+the fleet file), plus any labels the fleet file lists. From those,
+:func:`collective_labels`: ``ai.compute/collective``, the vendor's collective
+library (``hcs_bus.vocabulary.COLLECTIVE_LIBRARY``: nccl, hccl, cncl ...),
+and ``ai.compute/fabric``, ``<library>.<group>`` where the group is the node's
+RDMA fabric, else its network group (the order the scheduler reads them in):
+one value per set of nodes whose devices can run one collective together,
+for other schedulers' topology rules (Kueue, KAI, Volcano). Capacity, in the unit
 pods request (the kubelet compares the two numbers as they are):
 
 =======================  ==========================================
@@ -18,6 +24,7 @@ Kubernetes rules (``[prefix/]name``, name and value ≤ 63 characters of
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -30,6 +37,10 @@ VENDOR = vocabulary.VENDOR_LABEL
 MODEL = vocabulary.MODEL_LABEL
 NETWORK_GROUP = vocabulary.NETWORK_GROUP_LABEL
 RDMA_FABRIC = vocabulary.RDMA_FABRIC_LABEL
+COLLECTIVE = vocabulary.COLLECTIVE_LABEL
+FABRIC = vocabulary.FABRIC_LABEL
+# the labels naming a node's group, in the order the scheduler reads them
+GROUP_LABELS = (RDMA_FABRIC, NETWORK_GROUP)
 VRAM = VRAM_RESOURCE
 ACU = ACU_RESOURCE
 DEVICES = DEVICES_RESOURCE
@@ -108,6 +119,35 @@ def node_labels(
     if rdma_fabric:
         out[RDMA_FABRIC] = rdma_fabric
     return out
+
+
+def collective_labels(
+    labels: Mapping[str, str], *, node: Mapping[str, str]
+) -> dict[str, str | None]:
+    """``ai.compute/collective`` and ``ai.compute/fabric`` of a node about to carry
+    ``labels`` whose Node has ``node`` (the operator's network labels there
+    count where ``labels`` has none). None for a label the node no longer
+    has (a mixed node has no one library; a node without a group no
+    fabric); nothing while the node's vendor is not known."""
+    vendor = labels.get(VENDOR)
+    if not vendor:
+        return {}
+    if vendor == MIXED:
+        return {COLLECTIVE: None, FABRIC: None}
+    library = label_safe(vocabulary.collective_library(vendor))
+    both = {**node, **labels}
+    group = next((both[key] for key in GROUP_LABELS if both.get(key)), "")
+    return {COLLECTIVE: library, FABRIC: fabric_value(library, group) if group else None}
+
+
+def fabric_value(library: str, group: str) -> str:
+    """``<library>.<group>``; past 63 characters, cut and ended by a hash of
+    the group, so that two long groups stay two fabrics."""
+    value = label_safe(f"{library}.{group}")
+    if len(f"{library}.{group}") <= 63 and value == f"{library}.{group}":
+        return value
+    digest = hashlib.sha256(group.encode()).hexdigest()[:8]
+    return f"{value[: 63 - 9].rstrip('-_.')}-{digest}"
 
 
 def labels_of_devices(

@@ -2,6 +2,8 @@
 
 * **Names.** Every ``hcs.io/*`` annotation, label and taint key, spelled once;
   and the other projects' job and pod-group keys HCS reads (``hcs_bus.jobs``).
+  ``COLLECTIVE_LIBRARY``: each vendor's collective library, as the agent
+  labels nodes (``ai.compute/collective``) and the gang planner keeps one per job.
 * **Health kinds.** ``Kind`` enumerates every ``HealthEvent.kind`` an agent,
   a kernel probe, the simulator or the healer emits; ``KIND_CLASSES`` says how
   the healer takes each one: ``fatal`` (the device fails at once), ``warning``
@@ -60,6 +62,8 @@ ENGINE_PARAM_PREFIX: Final = "hcs.io/engine-"
 JOB_SIZE: Final = "hcs.io/job-size"  # how many pods the job has (``hcs_bus.jobs``)
 JOB_MIN: Final = "hcs.io/job-min"  # an elastic job: the fewest pods it runs with
 JOB_MAX: Final = "hcs.io/job-max"  # an elastic job: the most pods it runs with
+CHECKPOINT_DIR: Final = "hcs.io/checkpoint-dir"  # where the trainer writes checkpoints
+RESUME_RUN: Final = "hcs.io/resume-run"  # resume another run's checkpoint (its run id)
 
 # -- pod annotations: written by HCS only --------------------------------------
 PLAN: Final = "hcs.io/plan"
@@ -75,13 +79,25 @@ COLLECTIVE_INTRA_ROCE: Final = "hcs.io/collective-intra-roce"
 WAKE: Final = "hcs.io/wake"  # changed by the scheduler so kube-scheduler retries a parked pod
 TRACEPARENT: Final = "hcs.io/traceparent"  # W3C trace of the admission; the bind continues it
 SUBMITTED: Final = "hcs.io/submitted"  # the pod as submitted, kept for hcs.io/replan: recreate
+GANG: Final = "hcs.io/gang"  # a gang member: its gang's run key (namespace/job/run)
+GANG_SIZE: Final = "hcs.io/gang-size"  # a gang member: how many members its gang has
+GANG_GATE: Final = "hcs.io/gang"  # the scheduling gate a gang member waits behind
 
 # -- node labels and taints ------------------------------------------------------
 VENDOR_LABEL: Final = "hcs.io/vendor"
 MODEL_LABEL: Final = "hcs.io/model"
 NETWORK_GROUP_LABEL: Final = "hcs.io/network-group"
 RDMA_FABRIC_LABEL: Final = "hcs.io/rdma-fabric"
+# written by the agent: the node's collective library (``COLLECTIVE_LIBRARY``) and
+# ``<library>.<RDMA fabric, else network group>``, one domain a gang's ranks can share
+COLLECTIVE_LABEL: Final = "ai.compute/collective"
+FABRIC_LABEL: Final = "ai.compute/fabric"
 NATS_NKEY_LABEL: Final = "hcs.io/nats-nkey"
+# a Namespace whose checkpoint sidecars get NATS user sidecar:<ns> and Secret
+# CHECKPOINT_SECRET (key CHECKPOINT_SEED_KEY) from the hcs-nats-auth Job
+CHECKPOINTS_LABEL: Final = "hcs.io/checkpoints"
+CHECKPOINT_SECRET: Final = "hcs-checkpoint-nats"
+CHECKPOINT_SEED_KEY: Final = "seed.nk"
 UNHEALTHY_TAINT: Final = "hcs.io/unhealthy"
 
 # -- other projects' job and pod-group keys on pods (read by hcs_bus.jobs) --------
@@ -104,6 +120,26 @@ KAI_POD_GROUP: Final = "pod-group-name"
 COSCHEDULING_API_GROUP: Final = "scheduling.x-k8s.io"
 VOLCANO_API_GROUP: Final = "scheduling.volcano.sh"
 KAI_API_GROUP: Final = "scheduling.run.ai"
+
+# -- collective libraries ------------------------------------------------------
+# Each vendor's own collective library; a vendor not listed speaks its own.
+COLLECTIVE_LIBRARY: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "nvidia": "nccl",
+        "huawei": "hccl",
+        "cambricon": "cncl",
+        "hygon": "rccl",
+        "amd": "rccl",
+        "mthreads": "mccl",
+        "iluvatar": "ixccl",
+    }
+)
+
+
+def collective_library(vendor: str) -> str:
+    """The collective library a vendor's devices speak (``COLLECTIVE_LIBRARY``)."""
+    return COLLECTIVE_LIBRARY.get(vendor.lower(), vendor.lower())
+
 
 HealthClass = Literal["fatal", "warning", "info"]
 # Evidence key of every healer verdict: the device indices the healer holds

@@ -24,11 +24,31 @@ Layouts recorded by users, all read:
   own, the second row's id cells empty, Bus-Id ``NA``;
 * npu-smi 25.5 and later: a ``Process id in container`` column after the
   memory in the processes table.
+
+``npu-smi info -t topo`` prints a matrix of how each pair of NPUs is joined
+(:func:`parse_topo`): a header of ``NPU<i>`` (A3: ``Phy-ID<i>``, the die's
+device index) cells and usually ``CPU Affinity``, one row per NPU with ``X``
+on the diagonal, then a ``Legend``. :func:`with_links` turns it into each
+device's links, as NVML's NVLink and PCIe links are (one per peer):
+
+* ``HCCS`` (910B's full mesh): ``hccs``, the device's interconnect shared by
+  its HCCS peers (7 × 56 GB/s on an 8-NPU 910B board);
+* ``HCCS_SW`` (A3, through the HCCS switch) and ``SIO`` (A3, the two dies of
+  one package): ``hccs`` at the device's whole interconnect, as NVSwitch;
+* ``UB`` (Ascend 950's UnifiedBus, which ``LinkType`` names ``hccs`` as the
+  profiles do): ``hccs``, shared like HCCS;
+* ``PIX``/``PXB``/``PHB``/``SYS``: ``pcie``, a PCIe 4.0 x16 link scaled by how
+  far the path goes (npu-smi reports no link speed);
+* ``NA`` and words not known here: no link.
+
+A device without the command (``This device does not support querying
+topo.``: Atlas 200I A2) prints no matrix: no links, no error.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -42,7 +62,7 @@ from agents.parsing import (
     normalize_bus_id,
     number,
 )
-from hcs_bus.messages import DeviceFingerprint, Telemetry
+from hcs_bus.messages import DeviceFingerprint, Link, LinkType, Telemetry
 from hcs_bus.profiles import ProfileDB
 
 TOOL = "npu-smi"
@@ -253,6 +273,116 @@ def _device(
 
 def _optional(raw: str, *, what: str) -> float:
     return 0.0 if raw.upper() in _UNREPORTED else number(raw, what=what)
+
+
+class TopoCell(NamedTuple):
+    """One cell of the ``-t topo`` matrix: how ``device`` reaches ``peer``
+    (npu-smi's word: ``HCCS``, ``SIO``, ``PIX`` ...)."""
+
+    device: int
+    peer: int
+    kind: str
+
+
+_TOPO_ID = re.compile(r"^(?:NPU|Phy-ID)(\d+)$")
+# npu-smi's words for a peer link, and whether the device's interconnect is
+# shared among those peers (a mesh) or whole to each (a switch, a package)
+PEER_WORDS: dict[str, bool] = {"HCCS": True, "UB": True, "HCCS_SW": False, "SIO": False}
+# PCIe paths: share of a PCIe 4.0 x16 link (GB/s one direction), by how far they go
+PCIE_GBPS = 31.5
+PCIE_WORDS: dict[str, float] = {"PIX": 1.0, "PXB": 0.9, "PHB": 0.8, "SYS": 0.5}
+_NO_LINK = ("X", "NA")
+
+
+def parse_topo(text: str) -> tuple[list[TopoCell], list[ParseError]]:
+    """The cells of ``npu-smi info -t topo`` off the diagonal. The header is
+    the first line that starts with an NPU; a row with fewer cells than the
+    header names NPUs is an error naming its line, and none of its cells is read."""
+    header: list[int] | None = None
+    cells: list[TopoCell] = []
+    errors: list[ParseError] = []
+    for number_, line in enumerate(text.splitlines(), start=1):
+        tokens = line.split()
+        if tokens[:1] == ["Legend:"]:
+            break
+        ids = _leading_ids(tokens)
+        if not ids:
+            continue
+        if header is None:
+            header = ids
+            continue
+        row = [t.upper() for t in tokens[1 : 1 + len(header)]]
+        if len(row) < len(header):
+            reason = f"topo line {number_}: {len(row)} cells for {len(header)} NPUs"
+            errors.append(ParseError(tool=TOOL, device=ids[0], reason=reason))
+            continue
+        cells.extend(
+            TopoCell(ids[0], peer, kind)
+            for peer, kind in zip(header, row, strict=True)
+            if peer != ids[0] and kind not in _NO_LINK
+        )
+    return cells, errors
+
+
+def _leading_ids(tokens: list[str]) -> list[int]:
+    """The device indices a line starts with (``NPU3``, ``Phy-ID12``)."""
+    out = []
+    for token in tokens:
+        found = _TOPO_ID.match(token)
+        if found is None:
+            break
+        out.append(int(found.group(1)))
+    return out
+
+
+def with_links(
+    devices: Sequence[DeviceFingerprint], cells: Sequence[TopoCell], *, db: ProfileDB
+) -> tuple[tuple[DeviceFingerprint, ...], tuple[str, ...]]:
+    """``devices`` with their links from the ``-t topo`` cells (see the module
+    docstring), and notes on the cells not read: a kind not known here, or a
+    device or peer ``npu-smi info`` does not list."""
+    by_index = {d.index: d for d in devices}
+    mine: dict[int, list[TopoCell]] = {}
+    notes: set[str] = set()
+    for cell in cells:
+        if cell.device not in by_index or cell.peer not in by_index:
+            notes.add(f"topo names NPU {cell.device} or {cell.peer}, not listed by npu-smi info")
+        elif cell.kind not in PEER_WORDS and cell.kind not in PCIE_WORDS:
+            notes.add(f"topo link kind {cell.kind!r} is not known: no link read")
+        else:
+            mine.setdefault(cell.device, []).append(cell)
+    out = tuple(
+        d
+        if d.error or d.index not in mine
+        else msgspec.structs.replace(d, links=_links_of(d, mine[d.index], by_index, db=db))
+        for d in devices
+    )
+    return out, tuple(sorted(notes))
+
+
+def _links_of(
+    device: DeviceFingerprint,
+    cells: list[TopoCell],
+    by_index: dict[int, DeviceFingerprint],
+    *,
+    db: ProfileDB,
+) -> tuple[Link, ...]:
+    """One link per peer; a mesh's links share the device's interconnect."""
+    profile = db.find(f"{VENDOR}/{device.model}")
+    total = profile.interconnect_bandwidth_gbps if profile is not None else 0.0
+    sharing = sum(1 for c in cells if PEER_WORDS.get(c.kind, False))
+    links = []
+    for cell in sorted(cells, key=lambda c: c.peer):
+        kind: LinkType = "pcie"
+        if cell.kind in PEER_WORDS:
+            kind, gbps = "hccs", total / sharing if PEER_WORDS[cell.kind] else total
+        else:
+            gbps = PCIE_GBPS * PCIE_WORDS[cell.kind]
+        bus = by_index[cell.peer].pci_bus_id or None
+        links.append(
+            Link(peer_index=cell.peer, type=kind, bandwidth_gbps=round(gbps, 1), peer_bus_id=bus)
+        )
+    return tuple(links)
 
 
 def parse_kv(text: str) -> dict[str, str]:

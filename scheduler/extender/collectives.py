@@ -27,7 +27,9 @@ the node's labels (``NodeView.labels``: Node labels first):
   (HCCL_INTRA_PCIE_ENABLE / HCCL_INTRA_ROCE_ENABLE, Huawei): "1"/"0" when the
   chosen devices are pairwise HCCS-linked (and for a single device: HCCL's
   own defaults), "0"/"1" when they are not, so traffic between NPUs without
-  HCCS goes over RoCE.
+  HCCS goes over RoCE. The agent reads those links from ``npu-smi info -t
+  topo`` (``HCCS``; an A3's ``HCCS_SW`` and ``SIO``), so NPUs it could not
+  read a matrix for count as not linked.
 """
 
 from __future__ import annotations

@@ -87,8 +87,17 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class QuotaLimits:
+    """A namespace's ComputeQuota: ``vram_mib``/``acu`` the ceiling (``spec.hard``,
+    what plans are checked against), the guarantee it always gets back, its
+    fair-share weight, and guarantees per class (vendor/model or collective
+    library → (VRAM MiB, ACU))."""
+
     vram_mib: int | None = None
     acu: float | None = None
+    guaranteed_vram_mib: int | None = None
+    guaranteed_acu: float | None = None
+    weight: float = 1.0
+    guaranteed_classes: tuple[tuple[str, int | None, float | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +199,10 @@ def _class_part(key: str, devices: list[DeviceView]) -> ClassPart:
         vram_mib=min(d.fp.vram_usable_mib for d in devices),
         acu=min(d.fp.compute.acu for d in devices),
         devices=len(devices),
-        linked=any(link.bandwidth_gbps > 0 for d in devices for link in d.fp.links),
+        # peer links only (NVLink, HCCS, xGMI, MLU-Link): a PCIe path is no high-bandwidth link
+        linked=any(
+            link.type != "pcie" and link.bandwidth_gbps > 0 for d in devices for link in d.fp.links
+        ),
         free_mib=sum(frees),
         usable=len(usable),
         idle=sum(1 for d in usable if d.idle),

@@ -68,12 +68,14 @@ async def test_hyhal_hy_smi_is_detected_with_every_device(tmp_path, db) -> None:
 
 
 def a3_npu_smi(tmp_path: Path, *, boards: str) -> tuple[str, Path]:
-    """An npu-smi that prints the A3 table for ``info`` and, for ``info -t board
-    -i N -c C``, runs ``boards`` (shell, with $5 = N), counting those calls."""
+    """An npu-smi that prints the A3 table for ``info``, its matrix for ``info
+    -t topo`` and, for ``info -t board -i N -c C``, runs ``boards`` (shell,
+    with $5 = N), counting those calls."""
     calls = tmp_path / "board-calls"
     calls.write_text("")
     body = (
         f'[ "$2" = "-t" ] || {{ cat {FIXTURES / "npu-smi-info-a3.txt"}; exit 0; }}\n'
+        f'[ "$3" = topo ] && {{ cat {FIXTURES / "npu-smi-info-t-topo-a3.txt"}; exit 0; }}\n'
         f'echo "$5 $7" >> {calls}\n'
         f"{boards}"
     )
@@ -116,3 +118,58 @@ async def test_an_a3_die_whose_board_fails_or_names_an_unknown_bin_is_the_least_
     detectors = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=unknown)]
     found = await detecting.detect_all(detectors, node="n1", now=1.0)
     assert [d.model for d in found.devices] == ["Ascend910C-die"] * 4
+
+
+def npu_smi_with_topo(tmp_path: Path, *, topo: str) -> tuple[str, Path]:
+    """An npu-smi that prints the 910B table for ``info`` and runs ``topo``
+    (shell) for ``info -t topo``, counting those runs."""
+    runs = tmp_path / "topo-runs"
+    runs.write_text("")
+    body = (
+        f'[ "$3" = topo ] || {{ cat {FIXTURES / "npu-smi-info-910b.txt"}; exit 0; }}\n'
+        f"echo run >> {runs}\n"
+        f"{topo}"
+    )
+    return tool(tmp_path, "npu-smi", body), runs
+
+
+async def test_a_910b_node_s_fingerprint_carries_its_hccs_links_read_once(tmp_path, db) -> None:
+    npu_smi, runs = npu_smi_with_topo(
+        tmp_path, topo=f"cat {FIXTURES / 'npu-smi-info-t-topo-910b.txt'}"
+    )
+    detectors = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=npu_smi)]
+    for now in (1.0, 2.0):
+        found = await detecting.detect_all(detectors, node="n1", now=now)
+        assert found.events == [] and len(found.devices) == 8
+        for device in found.devices:
+            assert sorted(x.peer_index for x in device.links if x.type == "hccs") == [
+                p for p in range(8) if p != device.index
+            ]
+    assert runs.read_text().split() == ["run"]  # the matrix is read once for these NPUs
+
+
+async def test_npus_whose_matrix_cannot_be_read_are_reported_without_links_and_asked_again(
+    tmp_path, db, logs
+) -> None:
+    npu_smi, runs = npu_smi_with_topo(tmp_path, topo="echo busy >&2; exit 2")
+    detectors = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=npu_smi, board_retry_s=0)]
+    for now in (1.0, 2.0):
+        found = await detecting.detect_all(detectors, node="n1", now=now)
+        assert found.events == []  # the devices are there: no detector_error
+        assert len(found.devices) == 8 and all(d.links == () for d in found.devices)
+    assert runs.read_text().split() == ["run", "run"]  # tried again after the retry
+    noted = [e for e in logs if e["event"] == "detector_note" and "no NPU links" in e["note"]]
+    assert len(noted) == 1 and "exit status 2" in noted[0]["note"]  # logged once
+
+
+async def test_an_a3_node_s_dies_are_linked_over_sio_and_the_hccs_switch(tmp_path, db) -> None:
+    board = FIXTURES / "npu-smi-info-t-board-a3.txt"
+    npu_smi, _ = a3_npu_smi(tmp_path, boards=f"cat {board}")
+    detectors = [detecting.npu_smi_detector(db=db, timeout_s=2, tool=npu_smi)]
+    found = await detecting.detect_all(detectors, node="n1", now=1.0)
+    whole = db.get("huawei/Ascend910_9392").interconnect_bandwidth_gbps
+    assert [d.model for d in found.devices] == ["Ascend910_9392"] * 4
+    for device in found.devices:
+        assert [(x.peer_index, x.type, x.bandwidth_gbps) for x in device.links] == [
+            (p, "hccs", whole) for p in range(4) if p != device.index
+        ]

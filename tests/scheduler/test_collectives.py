@@ -9,7 +9,8 @@ import msgspec
 import pytest
 import yaml
 
-from hcs_bus.messages import DeviceFingerprint
+from agents.parsing import npu_smi
+from hcs_bus.messages import DeviceFingerprint, PlanRequest, Policy, Requests
 from scheduler.extender.collectives import (
     IB_DISABLE,
     INTRA_PCIE,
@@ -18,7 +19,9 @@ from scheduler.extender.collectives import (
     READ_BY,
     collective_annotations,
 )
-from tests.scheduler.helpers import dev
+from scheduler.plan import rules as planning
+from tests.agents.conftest import fixture_text
+from tests.scheduler.helpers import DB, dev, node_fp, state_of
 
 RUNTIMES = Path(__file__).parents[2] / "injector" / "data" / "runtimes.yaml"
 FABRIC = {"hcs.io/rdma-fabric": "ib-a"}
@@ -120,6 +123,55 @@ def test_hccs_linked_ascend_npus_use_the_intra_node_path_and_not_roce() -> None:
 def test_ascend_npus_without_hccs_between_them_go_over_roce() -> None:
     devices = _mesh("huawei/Ascend310P", 2, gbps=32.0)  # pcie links only
     assert _flags("huawei", [0, 1], devices) == {INTRA_PCIE: "0", INTRA_ROCE: "1"}
+
+
+def _ascend_910b_node(topo: str | None) -> dict[int, DeviceFingerprint]:
+    """The 8 NPUs of the recorded 910B table, linked as the agent links them
+    from a recorded ``npu-smi info -t topo`` (none: a node whose agent read no matrix)."""
+    devices = npu_smi.parse_info(fixture_text("npu-smi-info-910b.txt"), db=DB).devices
+    if topo is not None:
+        cells, _ = npu_smi.parse_topo(fixture_text(topo))
+        devices, _ = npu_smi.with_links(devices, cells, db=DB)
+    return {d.index: d for d in devices}
+
+
+def test_a_multi_npu_ascend_pod_on_npus_the_agent_read_as_hccs_linked_uses_hccs() -> None:
+    devices = _ascend_910b_node("npu-smi-info-t-topo-910b.txt")
+    for chosen in ([0, 1], [2, 5, 7], list(range(8))):
+        assert _flags("huawei", chosen, devices, FABRIC) == {INTRA_PCIE: "1", INTRA_ROCE: "0"}
+
+
+@pytest.mark.parametrize("topo", ["npu-smi-info-t-topo-pcie.txt", None])
+def test_a_multi_npu_ascend_pod_on_npus_without_hccs_still_goes_over_roce(
+    topo: str | None,
+) -> None:
+    devices = _ascend_910b_node(topo)
+    assert _flags("huawei", [0, 1], devices, FABRIC) == {INTRA_PCIE: "0", INTRA_ROCE: "1"}
+
+
+@pytest.mark.parametrize(
+    ("topo", "accepted"),
+    [
+        ("npu-smi-info-t-topo-910b.txt", True),
+        ("npu-smi-info-t-topo-pcie.txt", False),
+        (None, False),
+    ],
+)
+def test_topology_high_bandwidth_on_ascend_is_planned_only_where_npus_have_hccs(
+    topo: str | None, accepted: bool
+) -> None:
+    node = node_fp("ascend-1", devices=tuple(_ascend_910b_node(topo).values()))
+    summary = planning.summarise(state_of(node).nodes.values())
+    policy = Policy(vendors=("huawei",), topology="high-bandwidth")
+    request = PlanRequest(namespace="ml", requests=Requests(devices=4), policy=policy)
+    plan = planning.plan(request, summary=summary, profiles=DB)
+    assert plan.ok is accepted, plan.reason
+    if accepted:
+        assert (plan.vendor, plan.devices) == ("huawei", 4)
+    else:
+        assert "no peer links (PCIe only)" in plan.reason
+    anywhere = PlanRequest(namespace="ml", requests=Requests(devices=4), policy=Policy())
+    assert planning.plan(anywhere, summary=summary, profiles=DB).ok  # without the policy: any
 
 
 def test_one_ascend_npu_keeps_hccls_defaults() -> None:
