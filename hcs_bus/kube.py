@@ -379,6 +379,20 @@ class Kube:
             _content_type=MERGE_PATCH,
         )
 
+    async def patch_pod(
+        self, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """JSON-patch the pod (``ops``: RFC 6902; a failed ``test`` op is
+        ``KubeInvalid``, so a patch can be made to apply only once)."""
+        return await self._call(
+            f"patch pod {namespace}/{name}",
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            ops,
+            _content_type=JSON_PATCH,
+        )
+
     async def patch_pod_condition(
         self, namespace: str, name: str, condition: dict[str, Any]
     ) -> dict[str, Any]:

@@ -301,6 +301,7 @@ class CheckpointEvent(_Frozen, frozen=True, tag="checkpoint_event", tag_field="t
     time_s: float
     framework: str = ""
     complete: bool = True
+    run: str = ""  # the run of the job (hcs_bus.jobs.JobIdentity.run); "" when unknown
     v: int = 1
 
 

@@ -29,7 +29,7 @@ from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import InjectorSettings
 from hcs_bus.telemetry import current_traceparent, logger, span
-from injector import fitting, guarding, originals, plans, reviews
+from injector import fitting, guarding, originals, plans, reviews, sidecars
 from injector import mutations as mutating
 from injector import rebinds as rebinding
 from injector.guarding import PLAN
@@ -132,8 +132,9 @@ class Admitter:
                     guarding.reserved_message(foreign, username=request.user_info.username),
                     reason="reserved_annotation",
                 )
+        sidecar = sidecars.inject(pod, namespace=request.namespace, settings=self.settings)
         if demand is None:
-            return reviews.allow(uid)
+            return reviews.allow(uid, ops=sidecar)
         refused = self._privileged(request, pod)
         if refused is not None:
             return refused
@@ -175,7 +176,8 @@ class Admitter:
             ops=len(mutation.ops),
             dry_run=bool(request.dry_run),
         )
-        return reviews.allow(uid, ops=mutation.ops, warnings=warnings + mutation.warnings)
+        ops = sidecars.after(mutation.ops, sidecar)
+        return reviews.allow(uid, ops=ops, warnings=warnings + mutation.warnings)
 
     def _privileged(self, request: Request, pod: dict[str, Any]) -> Answer | None:
         """The refusal of a pod that would reach past its device share, unless

@@ -34,6 +34,11 @@ USER_ANNOTATIONS: Final = frozenset(
         vocabulary.FRAMEWORK,
         vocabulary.CODE_PATH,
         vocabulary.REPLAN,
+        vocabulary.JOB_SIZE,
+        vocabulary.JOB_MIN,
+        vocabulary.JOB_MAX,
+        vocabulary.CHECKPOINT_DIR,
+        vocabulary.RESUME_RUN,
     }
 )
 USER_PREFIXES: Final = (vocabulary.ENGINE_PARAM_PREFIX,)
@@ -43,7 +48,15 @@ PLEDGE: Final = vocabulary.PLEDGE
 # what the webhook itself writes at CREATE (a user's copy is refused or
 # overwritten there); deploy/components/kubernetes-1.30 lets exactly these through
 WRITTEN_AT_CREATE: Final = frozenset(
-    {PLAN, PLAN_SIG, PLEDGE, vocabulary.TRACEPARENT, vocabulary.SUBMITTED}
+    {
+        PLAN,
+        PLAN_SIG,
+        PLEDGE,
+        vocabulary.TRACEPARENT,
+        vocabulary.SUBMITTED,
+        vocabulary.GANG,
+        vocabulary.GANG_SIZE,
+    }
 )
 # a container granted one of these (Kubernetes spelling, ``CAP_`` optional) can
 # reach devices, memory or processes outside its slice, or load eBPF programs

@@ -32,6 +32,7 @@ from scheduler.ledger import pledge_store as pledging
 from scheduler.ledger import release_loop as watching
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker, Kube
+from scheduler.plan import gang_loop as ganging
 from scheduler.plan.service import Planner, PlanService
 from scheduler.quota.source import QuotaSource, UsedWriter, used_by_namespace
 from scheduler.replan import loop as stranding
@@ -54,7 +55,7 @@ def _fragmentation(_options: CallbackOptions) -> Iterable[Observation]:
 
 
 meter("hcs.scheduler").create_observable_gauge(
-    "hcs_scheduler_fragmentation",
+    "hcs_scheduler_fragmentation_ratio",
     callbacks=[_fragmentation],
     description=f"share of free VRAM in pieces under {TYPICAL_REQUEST_MIB} MiB",
 )
@@ -196,7 +197,15 @@ async def run(
     replica = cfg.replica_id or f"{socket.gethostname()}:{os.getpid()}"
     kv = await bus.js.key_value(streams.KV_ALLOC)
     ckpt = await bus.js.key_value(streams.KV_CKPT)
-    booker = Booker(bus, kv=kv, ckpt=ckpt, state=view.state, kube=kube, replica=replica)
+    booker = Booker(
+        bus,
+        kv=kv,
+        ckpt=ckpt,
+        state=view.state,
+        kube=kube,
+        replica=replica,
+        claim_ttl_s=cfg.reserve_ttl_s,
+    )
     quotas = QuotaSource(kube=kube, file=cfg.quota_file)
     planner = Planner(
         view.state,
@@ -211,10 +220,12 @@ async def run(
         summary=planner.summary,
         ttl_s=cfg.pledge_ttl_s,
         pods=(lambda ns: kube.list_pods(namespace=ns, cached=True)) if kube is not None else None,
+        orphan_after_s=cfg.pledge_unclaimed_s,
     )
     view.key_listeners.append(pledger.apply)
     gauging.watch_pledges(pledger)
     planner.pledger, booker.spend, booker.unpledge = pledger, planner.spend, pledger.release
+    planner.gangs = ganging.pins_of(kv=kv, planner=planner)
     extender = Extender(
         view,
         planner=planner,
@@ -244,6 +255,9 @@ async def run(
         watch = watching.watch_pods(kube, booker, scheduler_name=scheduler_name, pending=pending)
         running.append(tasks.start(watch, name="pod-watch"))
         running.append(tasks.start(watching.watch_nodes(kube, view), name="node-watch"))
+        gangs = ganging.of_replica(kube=kube, kv=kv, planner=planner, scheduler_name=scheduler_name)
+        view.listeners.append(gangs.wake)
+        running.append(tasks.start(gangs.run(ready=view.ready), name="gangs"))
         used = UsedWriter(
             kube=kube,
             quotas=quotas,

@@ -51,6 +51,7 @@ from scheduler.extender import rules as placing
 from scheduler.extender import wire
 from scheduler.extender.caches import NodeCache, Picks, PodMemo
 from scheduler.ledger.reservation_store import Booker, Kube
+from scheduler.plan import gang_records as gangs
 from scheduler.plan.pods import (
     BadPod,
     PlanAnnotation,
@@ -173,7 +174,8 @@ class Extender:
         if isinstance(demand, str):  # a planning refusal: neither capacity nor preemption helps
             return self._filtered(args, names, [], {}, nowhere(names, demand))
         cache = self.cache.of(demand)
-        if self.pick_in_filter and not pod.kube_scores and self._plain(pod, demand):
+        plain = self._plain(pod, demand) and not self._gangs_pledged()
+        if self.pick_in_filter and not pod.kube_scores and plain:
             best = cache.best_if_all_fit(names)  # every node fits: the common answer
             if best is not None:
                 best = await self._picked(pod, cache, demand, names, best)
@@ -187,6 +189,7 @@ class Extender:
             failed.update(no)
             unresolvable.update(never)
         passed = self._keep_job_together(pod, passed, failed)
+        passed = self._gang_room(args.pod, demand, passed, failed)
         if self.pick_in_filter and not pod.kube_scores and passed:
             first = passed[0] if len(passed) == 1 else await self._best(pod, cache, passed)
             passed = [await self._picked(pod, cache, demand, passed, first)]
@@ -318,6 +321,54 @@ class Extender:
             if name not in inside:
                 failed[name] = f"hcs: job {pod.job} runs in network group {where}, which has room"
         return inside
+
+    def _gangs_pledged(self) -> bool:
+        pledger = self.planner.pledger
+        return pledger is not None and any(r.state == "pledged" for r, _ in pledger.gangs.all())
+
+    def _gang_room(
+        self,
+        raw: PodObject,
+        demand: PlanAnnotation,
+        passed: list[str],
+        failed: dict[str, str],
+    ) -> list[str]:
+        """A member of a pledged gang passes only on its rank's node; any
+        other pod only where it fits beside the ranks pledged gangs planned
+        there and have not booked yet (``scheduler.plan.gang_records``)."""
+        pledger = self.planner.pledger
+        if pledger is None or not passed:
+            return passed
+        notes = raw.metadata.annotations or {}
+        own = gangs.key_of_run(notes[gangs.GANG]) if notes.get(gangs.GANG) else ""
+        found = pledger.gangs.get(own) if own else None
+        rank = found[0].rank_of(raw.metadata.name) if found is not None else None
+        if rank is not None:
+            for name in passed:
+                if name != rank.node:
+                    failed[name] = f"hcs: gang {notes[gangs.GANG]} planned this rank on {rank.node}"
+            return [n for n in passed if n == rank.node]
+        state = self.view.state
+        on: dict[str, list[PlanAnnotation]] = {}
+        for record, _ in pledger.gangs.all():
+            if record.key == own or record.state != "pledged":
+                continue
+            for r in record.ranks:
+                node = state.nodes.get(r.node)
+                if node is not None and pod_key(record.namespace, r.pod) not in node.reservations:
+                    on.setdefault(r.node, []).append(gangs.demand_of(r))
+        if not on:
+            return passed
+        kept = []
+        for name in passed:
+            node, others = state.nodes.get(name), on.get(name)
+            if node is None or not others:
+                kept.append(name)
+            elif placing.fits_after(node, state.reservations_of(name), others, demand):
+                kept.append(name)
+            else:
+                failed[name] = "hcs: the devices left here are planned for a pledged gang"
+        return kept
 
     def _filtered(
         self,

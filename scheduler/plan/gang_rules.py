@@ -55,6 +55,7 @@ import msgspec
 
 from hcs_bus.messages import DeviceFingerprint, DeviceSlice, Policy, Rejection, Requests
 from hcs_bus.profiles import ProfileDB
+from hcs_bus.vocabulary import COLLECTIVE_LIBRARY as LIBRARY
 from scheduler.extender import collectives
 from scheduler.extender.rules import Demand, check_node, choose_devices, slices_for
 from scheduler.ledger.pledge_rules import Held, room_left, slices_fit
@@ -68,16 +69,6 @@ from scheduler.view.state import (
     hold_slices,
 )
 
-# Each vendor's own collective library; a vendor not listed speaks its own.
-LIBRARY: dict[str, str] = {
-    "nvidia": "nccl",
-    "huawei": "hccl",
-    "cambricon": "cncl",
-    "hygon": "rccl",
-    "amd": "rccl",
-    "mthreads": "mccl",
-    "iluvatar": "ixccl",
-}
 # Cross-vendor libraries a gang may opt in to, and the libraries each bridges.
 BRIDGES: dict[str, frozenset[str]] = {
     "flagcx": frozenset({"nccl", "cncl", "rccl", "mccl", "ixccl"}),
@@ -470,7 +461,7 @@ class _Look:
         placed: Iterable[RankPlace],
         profiles: ProfileDB | None,
     ) -> _Look:
-        look = cls(gang=gang, nodes=_copies(state, placed), held=held or {})
+        look = cls(gang=gang, nodes=copies(state, placed), held=held or {})
         look.problem = members_problem(gang)
         if not look.problem:
             db = profiles if profiles is not None else ProfileDB(())
@@ -684,7 +675,7 @@ def _library_note(look: _Look, n: int) -> str:
 # ------------------------------------------------------------------ views --
 
 
-def _copies(state: ClusterState, placed: Iterable[RankPlace]) -> dict[str, NodeView]:
+def copies(state: ClusterState, placed: Iterable[RankPlace]) -> dict[str, NodeView]:
     """Copies of the schedulable nodes holding what ``placed`` takes."""
     nodes = {n.name: _clone(n) for n in state.schedulable()}
     for rank in placed:

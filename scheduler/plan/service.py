@@ -8,19 +8,32 @@ with the subject it came on is refused (logged, counted in
 say who may pledge. Answers go only to inboxes (``hcs_bus.bus.Bus.serve``).
 
 ``Planner`` keeps the class summary of the view (recomputed at most every
-``max_age_s`` after a change, so plans stay O(classes), not O(nodes)).
+``max_age_s`` after a change, so plans stay O(classes), not O(nodes); a
+summary that costs more to build is rebuilt less often, so building never
+takes more than ``SUMMARY_SHARE`` of the replica's time, however large the
+fleet or busy the machine).
+
+Every plan is answered within ``PLAN_BUDGET_S``, well inside what the
+injector waits (``injector.plan_timeout_s``): one that runs past it (its
+pledge's write queued behind a burst, a first quota read) is answered on the
+summary held, every pledge counted, pledging nothing (bind then spends a
+fresh pledge within the quota), counted in ``hcs_scheduler_plan_shortcuts``;
+the pledge the late plan makes is released. An overloaded replica admits
+pods on a conservative plan rather than failing their creation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
-from hcs_bus import subjects
+from hcs_bus import subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.messages import AllocationEvent, Plan, PlanRequest, PodRef, ReleaseRequest
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
+from scheduler.ledger.pledge_rules import Held
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
 from scheduler.plan import rules as planning
@@ -46,7 +59,19 @@ PLAN_REFUSALS = zero_init(
 )
 
 
+PLAN_SHORTCUTS = zero_init(
+    meter("hcs.scheduler").create_counter(
+        "hcs_scheduler_plan_shortcuts",
+        description="plans answered on the summary held, unpledged: the full plan ran past "
+        "PLAN_BUDGET_S",
+    ),
+    {"reason": "over_budget"},
+)
+
 PLACE_CONCURRENCY = 64
+PLAN_BUDGET_S = 0.8  # every plan answered within this; the injector waits 2 s (plan_timeout_s)
+SUMMARY_SHARE = 0.2  # rebuilding the summary takes at most this share of the replica's time
+QUICK_QUOTA_S = 0.05  # a shortcut plan waits this long for a namespace's quota, never more
 
 
 class Planner:
@@ -66,8 +91,10 @@ class Planner:
         self.max_age_s = max_age_s
         self._summary: planning.Summary | None = None
         self._parts = planning.Parts()
-        self._at = float("-inf")
+        self._at = float("-inf")  # when the summary held was built (its build's end)
+        self._cost_s = 0.0  # what building it took
         self._dirty = True
+        self._late: set[asyncio.Task[Any]] = set()  # plans answered past their budget
         self.pledger: Pledger | None = None  # set by the replica: pledges counted and made
         self.gangs: GangPins | None = None  # set by the replica: gang members' classes
 
@@ -80,13 +107,34 @@ class Planner:
         every ``max_age_s``, except while the one held has no class at all (a
         replica that just started, its fleet's first fingerprints arriving):
         every pod would be refused on it."""
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         held = self._summary
-        if held is None or (self._dirty and (now - self._at >= self.max_age_s or not held.classes)):
+        if held is None or (
+            self._dirty and (now - self._at >= self._spacing() or not held.classes)
+        ):
             self._dirty = False
             self._summary = held = self._parts.summary(self.state.nodes)
-            self._at = now
+            self._at = loop.time()
+            self._cost_s = self._at - now
         return held
+
+    def _spacing(self) -> float:
+        """How long a summary is kept after a change: ``max_age_s``, or longer
+        when building it costs more than ``SUMMARY_SHARE`` of that (a fold
+        of a large fleet on a busy machine): else every plan of a burst
+        would build one, each taking longer than the budget of the plans
+        behind it. 0 (``max_age_s`` 0): rebuilt at every change."""
+        if self.max_age_s <= 0:
+            return 0.0
+        return max(self.max_age_s, self._cost_s * (1 - SUMMARY_SHARE) / SUMMARY_SHARE)
+
+    def held(self) -> dict[str, Held]:
+        """What outstanding pledges (a pledged gang's ranks too) hold, per class."""
+        summary = self.summary()
+        if self.pledger is not None:
+            summary = self.pledger.charged(summary)
+        return {key: stats.pledged for key, stats in summary.classes.items()}
 
     async def plan(self, request: PlanRequest) -> Plan:
         """A plan with every outstanding pledge counted; records nothing."""
@@ -94,6 +142,65 @@ class Planner:
         if self.pledger is not None:
             summary = self.pledger.charged(summary)
         return await self._plan(request, summary)
+
+    async def quick(self, request: PlanRequest) -> Plan:
+        """The plan an overloaded replica answers: on the summary held (not
+        rebuilt), every known pledge counted, the quota only if known within
+        ``QUICK_QUOTA_S`` (bind checks it again); it pledges nothing."""
+        summary = self._summary if self._summary is not None else self.summary()
+        if self.pledger is not None:
+            summary = self.pledger.charged(summary)
+        quota = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(QUICK_QUOTA_S):  # the read itself goes on (shielded)
+                quota = await self.quotas.limits(request.namespace)
+        return planning.plan(
+            request, summary=summary, profiles=self.profiles, quota=quota, spread=self.spread
+        )
+
+    async def within_budget(self, request: PlanRequest, *, budget_s: float) -> Plan:
+        """``place`` if it is done within ``budget_s``, else ``quick``; a
+        pledge the late ``place`` makes is then released. A gang member's
+        plan is always the full one (its class is the gang's)."""
+        if request.gang_key:
+            return await self.place(request)
+        full = asyncio.ensure_future(self.place(request))
+        try:
+            return await asyncio.wait_for(asyncio.shield(full), budget_s)
+        except TimeoutError:
+            pass
+        self._late.add(full)
+        full.add_done_callback(lambda done: self._release_late(request, done))
+        PLAN_SHORTCUTS.add(1, {"reason": "over_budget"})
+        _log.info(
+            "plan_over_budget",
+            namespace=request.namespace,
+            pod=request.pod_name[:256],
+            budget_s=budget_s,
+        )
+        return await self.quick(request)
+
+    def _release_late(self, request: PlanRequest, done: asyncio.Task[Plan]) -> None:
+        self._late.discard(done)
+        if done.cancelled() or done.exception() is not None or self.pledger is None:
+            return
+        pledge = done.result().pledge
+        if pledge:
+            task = tasks.start(
+                self.pledger.release(request.namespace, pledge, reason="late"),
+                name=f"pledge-release-late:{pledge}",
+            )
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+
+    async def settle(self, *, timeout_s: float = 5.0) -> None:
+        """Wait for the plans answered past their budget and their releases;
+        those still running after ``timeout_s`` are cancelled."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._late and loop.time() < deadline:
+            await asyncio.wait(list(self._late), timeout=max(deadline - loop.time(), 0.0))
+        await tasks.stop(*self._late)
 
     async def place(self, request: PlanRequest) -> Plan:
         """The admission's plan: a non-dry-run one also makes its pledge."""
@@ -182,6 +289,7 @@ class PlanService:
         for sub in self._subs:
             await sub.unsubscribe()
         self._subs = []
+        await self.planner.settle()
 
     async def _pledging(self, request: PlanRequest) -> Plan:
         if request.dry_run:
@@ -199,7 +307,7 @@ class PlanService:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            plan = await self.planner.place(request)
+            plan = await self.planner.within_budget(request, budget_s=PLAN_BUDGET_S)
         except Exception as exc:  # a plan request must always get an answer
             _log.error("plan_failed", namespace=request.namespace, error=repr(exc), exc_info=exc)
             plan = Plan(ok=False, reason=f"hcs: planning failed: {exc!r}")

@@ -31,6 +31,9 @@ from tests.e2e.processes import Process, Revive, stop_all, why_dead
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+# gang members wait behind a scheduling gate (hcs.io/gang): alpha in 1.26, beta
+# and on by default from 1.27
+FEATURE_GATES = "PodSchedulingReadiness=true"
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubemark")
 SERVICE_RANGE = "10.96.0.0/24"
 CONTROLLERS = (
@@ -130,8 +133,9 @@ class Cluster:
         self.processes.append(process)
         return process
 
-    def start(self) -> None:
-        """etcd, kube-apiserver (ready), bootstrap objects, kube-controller-manager."""
+    def start(self, *, controllers: str = CONTROLLERS) -> None:
+        """etcd, kube-apiserver (ready), bootstrap objects, kube-controller-manager
+        running ``controllers`` (its ``--controllers``)."""
         etcd_port, peer_port = free_port(), free_port()
         etcd = self._start(
             "etcd",
@@ -173,6 +177,7 @@ class Cluster:
                 "--profiling=false",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",
+                f"--feature-gates={FEATURE_GATES}",
                 "--v=1",
             ],
         )
@@ -195,7 +200,7 @@ class Cluster:
                 f"--service-account-private-key-file={self.pki.sa_key_file}",
                 f"--root-ca-file={self.pki.ca_file}",
                 "--leader-elect=false",
-                f"--controllers={CONTROLLERS}",
+                f"--controllers={controllers}",
                 "--secure-port=0",
                 "--concurrent-deployment-syncs=10",
                 "--concurrent-replicaset-syncs=10",
@@ -313,6 +318,7 @@ class Cluster:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
                 f"--cert-dir={self.root / 'kube-scheduler-certs'}",
+                f"--feature-gates={FEATURE_GATES}",
                 "--v=1",
             ],
         )

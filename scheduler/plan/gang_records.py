@@ -1,0 +1,375 @@
+"""Gang records: one per run of a gang (a job's ranks, placed all or
+nothing), in KV ``hcs_alloc`` under ``gangs=<namespace>=<job>=<run>``.
+Pure: records in, records and decisions out; no I/O, no clock.
+
+Life of a record::
+
+    pinned (first member's admission: its class)
+       └─ every member there, the gang fits whole ──▶ pledged (one pledge per rank)
+    pinned or pledged ── members all gone or finished ──▶ deleted
+
+The first member admitted decides the class (``pin``): the class the whole
+gang fits on now, else (it waits) the class where it could ever fit with
+the most room free; later members are mutated for the same class (the
+record is read). A record ``pledged`` holds one ``Pledge`` per rank, named
+for its member pod and its node: the planner counts them as it counts other
+pledges, the extender lets each member pass only on its rank's node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from hcs_bus import vocabulary
+from hcs_bus.messages import DeviceSlice, Policy, Requests
+from hcs_bus.plannotes import PlanNote
+from hcs_bus.profiles import ProfileDB
+from scheduler.ledger.pledge_rules import Held, Pledge, per_class
+from scheduler.plan import gang_rules as ganging
+from scheduler.plan.rules import summarise
+from scheduler.view.state import ClusterState
+
+KEY_PREFIX = "gangs="
+GATE = vocabulary.GANG_GATE  # the scheduling gate HCS puts on every member at admission
+GANG = vocabulary.GANG  # annotation: the gang's run key (namespace/job/run)
+GANG_SIZE = vocabulary.GANG_SIZE  # annotation: how many members it has
+State = Literal["pinned", "pledged"]
+
+
+class RankPledge(msgspec.Struct, frozen=True, kw_only=True):
+    """One rank of a pledged gang: its member pod, its node, its pledge."""
+
+    pod: str
+    node: str
+    pledge: Pledge
+    devices: tuple[DeviceSlice, ...] = ()  # what it takes of each device there
+
+
+class GangRecord(msgspec.Struct, frozen=True, kw_only=True, tag="gang", tag_field="type"):
+    """The value under ``gangs=<namespace>=<job>=<run>``."""
+
+    namespace: str
+    job: str
+    run: str = ""
+    size: int
+    vendor: str  # the pinned class
+    model: str
+    library: str = ""
+    state: State = "pinned"
+    time_s: float = 0.0  # when it was pinned (its age in the admit order)
+    priority: int = 0
+    requests: Requests | None = None  # what every member asks (the first member's)
+    policy: Policy | None = None
+    group: str = ""  # the network group of the plan ("" none, or not pledged yet)
+    ranks: tuple[RankPledge, ...] = ()
+    v: int = 1
+
+    @property
+    def key(self) -> str:
+        return key_for(self.namespace, self.job, self.run)
+
+    @property
+    def class_key(self) -> str:
+        return f"{self.vendor}/{self.model}"
+
+    def rank_of(self, pod: str) -> RankPledge | None:
+        return next((r for r in self.ranks if r.pod == pod), None)
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(r.node for r in self.ranks)
+
+
+ENCODER = msgspec.json.Encoder()
+DECODER = msgspec.json.Decoder(GangRecord)
+
+
+# ------------------------------------------------------------------ keys --
+
+
+def key_for(namespace: str, job: str, run: str) -> str:
+    return f"{KEY_PREFIX}{namespace}={job}={run}"
+
+
+def key_of_run(run_key: str) -> str:
+    """The KV key of the gang a pod names by its ``hcs.io/gang`` (namespace/job/run)."""
+    namespace, _, rest = run_key.partition("/")
+    job, _, run = rest.partition("/")
+    return key_for(namespace, job, run)
+
+
+def is_gang_key(key: str) -> bool:
+    return key.startswith(KEY_PREFIX)
+
+
+def namespace_of(key: str) -> str:
+    return key.removeprefix(KEY_PREFIX).partition("=")[0]
+
+
+class Records:
+    """The gang records one replica knows, kept from its KV watch (and its own writes)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[GangRecord, int]] = {}
+        self._gone: dict[str, int] = {}  # deleted keys: the revision of the deletion
+
+    def apply(self, key: str, value: bytes | None, revision: int) -> bool:
+        """A watch entry (None/empty: deleted); True when what is known changed.
+        A value that is not a record is ``msgspec.DecodeError``."""
+        held = self._held.get(key)
+        if (held is not None and held[1] >= revision) or self._gone.get(key, -1) >= revision:
+            return False
+        if not value:
+            self._gone[key] = revision
+            return self._held.pop(key, None) is not None
+        self._held[key] = (DECODER.decode(value), revision)
+        self._gone.pop(key, None)
+        return True
+
+    def get(self, key: str) -> tuple[GangRecord, int] | None:
+        return self._held.get(key)
+
+    def all(self) -> list[tuple[GangRecord, int]]:
+        return list(self._held.values())
+
+    def pledges(self, namespace: str) -> list[Pledge]:
+        return pledges_of(r for r, _ in self._held.values() if r.namespace == namespace)
+
+    def namespaces(self) -> set[str]:
+        return {r.namespace for r, _ in self._held.values() if r.state == "pledged"}
+
+
+# ---------------------------------------------------------------- pinning --
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """The class a new gang is pinned to, or why it can never run (``refusal``)."""
+
+    vendor: str = ""
+    model: str = ""
+    library: str = ""
+    refusal: str = ""
+
+
+def gang_of(
+    name: str, *, size: int, requests: Requests, policy: Policy, collective: str = ""
+) -> ganging.Gang:
+    """A gang of ``size`` members that all ask as one pod asks."""
+    member_policy = msgspec.structs.replace(policy, job=None)
+    members = tuple(
+        ganging.Member(name=f"rank-{i}", requests=requests, policy=member_policy)
+        for i in range(size)
+    )
+    return ganging.Gang(name=name, members=members, collective=collective)
+
+
+def pinned_to(gang: ganging.Gang, *, vendor: str, model: str) -> ganging.Gang:
+    """``gang`` with every member held to the one class ``vendor/model``."""
+    members = tuple(
+        ganging.Member(
+            name=m.name,
+            requests=m.requests,
+            policy=msgspec.structs.replace(
+                m.policy, vendors=(vendor,), models=(model,), substitution="deny"
+            ),
+        )
+        for m in gang.members
+    )
+    return ganging.Gang(
+        name=gang.name,
+        members=members,
+        collective="",
+        priority=gang.priority,
+        since_s=gang.since_s,
+    )
+
+
+def pin(
+    state: ClusterState,
+    gang: ganging.Gang,
+    *,
+    held: Mapping[str, Held],
+    profiles: ProfileDB,
+) -> Pin:
+    """The class the gang is pinned to: where the whole of it fits now, else
+    where it could fit once devices free up with the most room free now; a
+    refusal (``plan_gang``'s reason) when it can never fit anywhere."""
+    plan = ganging.plan_gang(state, gang, held=held, profiles=profiles)
+    if plan.ok:
+        first = plan.ranks[0]
+        return Pin(first.vendor, first.model, ganging.library_of(first.vendor))
+    if not plan.waits:
+        return Pin(refusal=plan.reason)
+    classes = summarise(state.schedulable()).classes
+    best: tuple[int, int, str] | None = None
+    for key in sorted(classes):
+        stats = classes[key]
+        one = pinned_to(gang, vendor=stats.vendor, model=stats.model)
+        found = ganging.plan_gang(state, one, held=held, profiles=profiles)
+        if found.ok or found.waits:
+            room = (stats.idle_devices, stats.free_mib, key)
+            if best is None or room[:2] > best[:2]:
+                best = room
+    if best is None:
+        return Pin(refusal=plan.reason)
+    vendor, _, model = best[2].partition("/")
+    return Pin(vendor, model, ganging.library_of(vendor))
+
+
+# --------------------------------------------------------------- pledging --
+
+
+def pledged(
+    record: GangRecord,
+    plan: ganging.GangPlan,
+    *,
+    pods: Mapping[str, str],
+    ids: Iterable[str],
+    now: float,
+) -> GangRecord:
+    """``record`` pledged as ``plan`` places it: one pledge per rank, each
+    for the member pod ``pods`` maps the plan's member name to, with a fresh
+    id from ``ids``."""
+    fresh = iter(ids)
+    ranks = []
+    for rank in plan.ranks:
+        pod = pods[rank.member]
+        vram = max((s.vram_mib for s in rank.devices), default=0)
+        pledge = Pledge(
+            id=next(fresh),
+            vendor=rank.vendor,
+            model=rank.model,
+            devices=len(rank.devices),
+            vram_mib_per_device=vram,
+            whole_device=rank.whole_device,
+            acu_per_device=rank.acu_per_device,
+            time_s=now,
+            name=pod,
+        )
+        ranks.append(RankPledge(pod=pod, node=rank.node, pledge=pledge, devices=rank.devices))
+    return msgspec.structs.replace(
+        record, state="pledged", group=plan.group or "", ranks=tuple(ranks)
+    )
+
+
+def pledges_of(records: Iterable[GangRecord]) -> list[Pledge]:
+    """The pledges pledged records hold (each counted until its reservation retires it)."""
+    return [r.pledge for record in records if record.state == "pledged" for r in record.ranks]
+
+
+def outstanding_ranks(
+    records: Iterable[GangRecord], *, reserved: frozenset[str]
+) -> list[RankPledge]:
+    """The ranks of pledged records whose pod holds no reservation yet."""
+    return [
+        r
+        for record in records
+        if record.state == "pledged"
+        for r in record.ranks
+        if r.pledge.id not in reserved
+    ]
+
+
+def ranks_by_node(ranks: Iterable[RankPledge]) -> dict[str, list[RankPledge]]:
+    out: dict[str, list[RankPledge]] = {}
+    for r in ranks:
+        out.setdefault(r.node, []).append(r)
+    return out
+
+
+def demand_of(rank: RankPledge) -> PlanNote:
+    """What the rank takes on its node, as the extender counts a pod's demand."""
+    p = rank.pledge
+    return PlanNote(
+        vendor=p.vendor,
+        model=p.model,
+        devices=p.devices,
+        vram_mib_per_device=p.vram_mib_per_device,
+        whole_device=p.whole_device,
+        acu_per_device=p.acu_per_device,
+    )
+
+
+def without(held: Mapping[str, Held], ranks: Iterable[RankPledge]) -> dict[str, Held]:
+    """``held`` (pledges per class) less the pledges of ``ranks`` (planned on
+    their nodes instead, so not counted twice)."""
+    gone = per_class(r.pledge for r in ranks)
+    out = dict(held)
+    for key, less in gone.items():
+        have = out.get(key)
+        if have is None:
+            continue
+        slices = dict(have.slices)
+        for size, n in less.slices:
+            slices[size] = slices.get(size, 0) - n
+        out[key] = Held(
+            whole_devices=max(0, have.whole_devices - less.whole_devices),
+            vram_mib=max(0, have.vram_mib - less.vram_mib),
+            acu=max(0.0, have.acu - less.acu),
+            devices=max(0, have.devices - less.devices),
+            slices=tuple(sorted((s, n) for s, n in slices.items() if n > 0)),
+        )
+    return out
+
+
+def placed_of(ranks: Iterable[RankPledge]) -> list[ganging.RankPlace]:
+    """``ranks`` as ``plan_gang`` counts ranks placed and not booked yet."""
+    return [
+        ganging.RankPlace(
+            member=r.pod,
+            node=r.node,
+            vendor=r.pledge.vendor,
+            model=r.pledge.model,
+            devices=r.devices,
+            whole_device=r.pledge.whole_device,
+            acu_per_device=r.pledge.acu_per_device,
+        )
+        for r in ranks
+    ]
+
+
+def with_placed(state: ClusterState, ranks: Iterable[RankPledge]) -> ClusterState:
+    """A copy of ``state``'s schedulable nodes holding what ``ranks`` take."""
+    copy = ClusterState()
+    copy.nodes = ganging.copies(state, placed_of(ranks))
+    return copy
+
+
+# ------------------------------------------------------------------ pods --
+
+
+def gates_of(pod: Mapping[str, Any]) -> list[str]:
+    """The names of the pod's scheduling gates."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return [str(g.get("name") or "") for g in gates if isinstance(g, Mapping)]
+
+
+def gang_key_of(pod: Mapping[str, Any]) -> str:
+    """The KV key of the pod's gang (``hcs.io/gang``), "" for a pod of none."""
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    found = notes.get(GANG)
+    return key_of_run(found) if isinstance(found, str) and found else ""
+
+
+def ungate_ops(pod: Mapping[str, Any], *, pledge: str) -> list[dict[str, Any]]:
+    """The JSON patch that lifts HCS's gate from ``pod`` and names its rank's
+    pledge (``hcs.io/pledge``); [] when the gate is gone already."""
+    gates = gates_of(pod)
+    if GATE not in gates:
+        return []
+    index = gates.index(GATE)
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": GATE},
+        {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+    ]
+    notes = (pod.get("metadata") or {}).get("annotations")
+    if not notes:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    path = "/metadata/annotations/" + vocabulary.PLEDGE.replace("~", "~0").replace("/", "~1")
+    ops.append({"op": "add", "path": path, "value": pledge})
+    return ops

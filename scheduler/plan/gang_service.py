@@ -1,0 +1,159 @@
+"""The plan of a gang member at admission (``hcs.place`` with ``gang_key``):
+the gang's class, pinned in its record (``scheduler.plan.gang_records``) by
+the first member with a compare-and-set create, read by every later one.
+No pledge is made here: the gang loop pledges the whole gang at once.
+
+A gang that can never fit (larger than the fleet, or only across collective
+libraries it did not opt in to), a member that asks differently from the
+first, or a size that disagrees with the record's, is refused by name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import msgspec
+from nats.js.kv import KeyValue
+
+from hcs_bus import kvcas
+from hcs_bus.messages import Plan, PlanRequest
+from hcs_bus.profiles import ProfileDB
+from hcs_bus.telemetry import logger, meter, zero_init
+from scheduler.ledger.pledge_rules import Held
+from scheduler.plan import gang_records as records
+from scheduler.plan.gang_records import GangRecord
+from scheduler.view.state import ClusterState
+
+_log = logger("hcs.scheduler.gangs")
+PINS = zero_init(
+    meter("hcs.scheduler").create_counter(
+        "hcs_scheduler_gang_pins", description="gang members planned at admission, by outcome"
+    ),
+    {"outcome": "pinned"},
+    {"outcome": "joined"},
+    {"outcome": "refused"},
+)
+ATTEMPTS = 20
+
+
+class GangPins:
+    """Pins each gang's class at its first member's admission."""
+
+    def __init__(
+        self,
+        *,
+        kv: KeyValue,
+        state: ClusterState,
+        profiles: ProfileDB,
+        known: records.Records,
+        held: Callable[[], Mapping[str, Held]],
+        plan: Callable[[PlanRequest], Awaitable[Plan]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kv, self.state, self.profiles, self.known = kv, state, profiles, known
+        self.held, self.plan, self.clock = held, plan, clock
+
+    async def place(self, request: PlanRequest) -> Plan:
+        """The member's plan on its gang's class (no pledge), or a refusal."""
+        key = records.key_of_run(request.gang_key)
+        namespace, job, run = _parts(request.gang_key)
+        if namespace != request.namespace or not job or request.gang_size < 1:
+            return _refused(
+                f"hcs: gang {request.gang_key!r} of size {request.gang_size} is not a gang "
+                f"of namespace {request.namespace}"
+            )
+        gang = records.gang_of(
+            key, size=request.gang_size, requests=request.requests, policy=request.policy
+        )
+
+        made = False
+
+        def decide(found: GangRecord | None) -> kvcas.Change[GangRecord, GangRecord | str]:
+            nonlocal made
+            made = False
+            if found is not None:
+                return kvcas.Keep(found)
+            pin = records.pin(self.state, gang, held=self.held(), profiles=self.profiles)
+            if pin.refusal:
+                return kvcas.Keep(pin.refusal)
+            record = GangRecord(
+                namespace=namespace,
+                job=job,
+                run=run,
+                size=request.gang_size,
+                vendor=pin.vendor,
+                model=pin.model,
+                library=pin.library,
+                time_s=self.clock(),
+                requests=request.requests,
+                policy=request.policy,
+            )
+            made = True
+            return kvcas.Put(record, record)
+
+        held = self.known.get(key)
+        found = await kvcas.update(
+            self.kv,
+            key,
+            decide,
+            decode=records.DECODER.decode,
+            encode=records.ENCODER.encode,
+            known=kvcas.Read(held[0], held[1]) if held is not None else None,
+            seen=lambda read: self._seen(key, read),
+            attempts=ATTEMPTS,
+        )
+        if isinstance(found, str):
+            return _refused(f"hcs: {found}")
+        problem = _disagrees(found, request)
+        if problem:
+            return _refused(f"hcs: gang {request.gang_key}: {problem}")
+        pinned = msgspec.structs.replace(
+            request.policy, vendors=(found.vendor,), models=(found.model,), substitution="deny"
+        )
+        plan = await self.plan(
+            msgspec.structs.replace(request, policy=pinned, dry_run=True, gang_key="")
+        )
+        PINS.add(1, {"outcome": "pinned" if made else "joined"})
+        _log.info(
+            "gang_member_planned",
+            gang=request.gang_key,
+            pod=request.pod_name,
+            vendor=found.vendor,
+            model=found.model,
+            ok=plan.ok,
+        )
+        return msgspec.structs.replace(plan, pledge="")
+
+    def _seen(self, key: str, read: kvcas.Read[GangRecord]) -> None:
+        if read.value is not None and read.revision is not None:
+            self.known.apply(key, records.ENCODER.encode(read.value), read.revision)
+
+
+def _parts(run_key: str) -> tuple[str, str, str]:
+    namespace, _, rest = run_key.partition("/")
+    job, _, run = rest.partition("/")
+    return namespace, job, run
+
+
+def _disagrees(record: GangRecord, request: PlanRequest) -> str:
+    """Why a later member cannot join the gang its record describes ("" when it can)."""
+    if record.size != request.gang_size:
+        return (
+            f"this pod says the gang has {request.gang_size} members, its first member "
+            f"said {record.size}"
+        )
+    if record.requests is not None and record.requests != request.requests:
+        return (
+            "this pod asks differently from the gang's first member; every member of a "
+            "gang must ask the same"
+        )
+    if record.policy is not None and record.policy != request.policy:
+        return "this pod's placement policy differs from the gang's first member's"
+    return ""
+
+
+def _refused(reason: str) -> Plan:
+    PINS.add(1, {"outcome": "refused"})
+    _log.info("gang_refused", reason=reason)
+    return Plan(ok=False, reason=reason)
