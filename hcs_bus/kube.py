@@ -87,6 +87,8 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "list_pods": (ApiCall("", "pods", ("list",)),),
     "watch_pods": (ApiCall("", "pods", ("list", "watch")),),
     "patch_pod_annotations": (ApiCall("", "pods", ("patch",)),),
+    "patch_pod": (ApiCall("", "pods", ("patch",)),),
+    "get_job": (ApiCall("batch", "jobs", ("get",)),),
     "patch_pod_condition": (ApiCall("", "pods/status", ("patch",)),),
     "create_event": (ApiCall("", "events", ("create",)),),
     "watch_nodes": (ApiCall("", "nodes", ("list", "watch")),),
@@ -230,6 +232,19 @@ class Kube:
             f"get pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace
         )
         return pod
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        """A batch/v1 Job (its parallelism and completions size a gang)."""
+        job: dict[str, Any] = await self._call(
+            f"get job {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            "batch",
+            "v1",
+            namespace,
+            "jobs",
+            name,
+        )
+        return job
 
     async def list_pods(
         self,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hcs_bus import bus as bus_module
+from hcs_bus import kube as kube_module
 from hcs_bus import settings as settings_module
 from hcs_bus import tasks
 from hcs_bus.certs import make_dev_certs
@@ -32,12 +33,15 @@ async def run(args: argparse.Namespace) -> None:
         )
         print(f"caBundle: {certs.ca_bundle_b64}", flush=True)
     bus = await bus_module.connect(settings.bus, name="hcs-injector")
-    injector = Injector(bus, settings)
+    kube = await kube_module.connect(settings.kube)  # owning Jobs size gangs; optional
+    injector = Injector(bus, settings, kube=kube)
     await injector.start()
     tasks.long_lived()
     await tasks.stop_event().wait()
     _log.info("injector_stopping")
     await injector.stop()
+    if kube is not None:
+        await kube.close()
     await bus.drain()
 
 

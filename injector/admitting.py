@@ -34,6 +34,7 @@ from injector import mutations as mutating
 from injector import rebinds as rebinding
 from injector.guarding import PLAN
 from injector.mutations import Context
+from injector.owning import Owners
 from injector.reviews import Answer, BadReview, Request
 
 Planner = Callable[[PlanRequest, float], Awaitable[Plan]]
@@ -51,11 +52,13 @@ class Admitter:
         planner: Planner,
         ctx: Context,
         keys: Callable[[], Sequence[bytes]],
+        owners: Owners | None = None,
     ) -> None:
         self.settings = settings
         self.planner = planner
         self.ctx = ctx
         self.keys = keys
+        self.owners = owners  # the pods' owning Jobs (a cluster only): gang sizes
 
     async def admit(self, body: bytes, *, budget_s: float) -> Answer:
         try:
@@ -141,7 +144,8 @@ class Admitter:
         choice = rebinding.choose(annotations, self.ctx.rebinding)
         warnings: list[str] = []
         pledge = annotations.get(guarding.PLEDGE, "") if note is not None else ""
-        gang = gang_of(pod, namespace=request.namespace)
+        job = await self.owners.job_of(request.namespace, pod) if self.owners else None
+        gang = gang_of(pod, namespace=request.namespace, job=job)
         if note is None:
             planned = await self._plan(request, pod, demand, choice, budget_s=budget_s, gang=gang)
             if isinstance(planned, Answer):
@@ -329,11 +333,14 @@ def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
     return pod
 
 
-def gang_of(pod: dict[str, Any], *, namespace: str) -> tuple[str, int] | None:
+def gang_of(
+    pod: dict[str, Any], *, namespace: str, job: dict[str, Any] | None = None
+) -> tuple[str, int] | None:
     """(run key, size) of the gang the pod is a member of: a job of more than
     one pod (its size, else its least size); None for a pod of no gang.
+    ``job``: the pod's owning Job when it was looked up (its parallelism).
     ``JobError`` when the pod's job is unreadable (the pod is refused)."""
-    identity = jobs.read(pod, namespace=namespace or None)
+    identity = jobs.read(pod, namespace=namespace or None, job=job)
     if identity is None:
         return None
     size = identity.size or identity.min_size or 0

@@ -17,6 +17,7 @@ import asyncio
 import os
 import re
 import ssl
+import time
 from typing import Any
 
 from aiohttp import web
@@ -24,6 +25,7 @@ from aiohttp import web
 from hcs_bus import httpbodies, subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.errors import ConfigError
+from hcs_bus.kube import Kube
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import Settings
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text, zero_init
@@ -31,6 +33,7 @@ from injector import rebinds as rebinding
 from injector import runtimes
 from injector.admitting import Admitter, Planner
 from injector.mutations import Context
+from injector.owning import Owners
 from injector.reviews import Answer
 from injector.tls import ReloadingTls
 
@@ -46,6 +49,7 @@ REFUSALS = zero_init(
     ),
     {"reason": "privileged"},
     {"reason": "reserved_annotation"},
+    {"reason": "plan_unavailable"},  # no plan within the budget (503 under fail-closed)
 )
 LATENCY = _meter.create_histogram(
     "hcs_injector_admission_seconds",
@@ -77,6 +81,7 @@ class Injector:
         planner: Planner | None = None,
         ssl_context: ssl.SSLContext | None = None,
         reload_interval_s: float = 2.0,
+        kube: Kube | None = None,
     ) -> None:
         if planner is None and bus is None:
             raise ConfigError("the injector needs a bus (or a planner)")
@@ -102,6 +107,7 @@ class Injector:
             planner=planner or bus_planner(bus),  # type: ignore[arg-type]
             ctx=ctx,
             keys=self._keys,
+            owners=Owners(kube.get_job, clock=time.monotonic) if kube is not None else None,
         )
         self.runner: web.AppRunner | None = None
         self._watch: asyncio.Task[Any] | None = None

@@ -29,10 +29,8 @@ def _job(work: Workloads, name: str, *, ranks: int) -> dict[str, Any]:
             "parallelism": ranks,
             "completionMode": "Indexed",
             "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {vocabulary.JOB_SIZE: str(ranks)}},
-                "spec": pod_spec(ONE_DEVICE, restartPolicy="Never"),
-            },
+            # no hcs.io/job-size: the injector reads the Job's parallelism
+            "template": {"spec": pod_spec(ONE_DEVICE, restartPolicy="Never")},
         },
     }
     created: dict[str, Any] = work.api.create(body, namespace=work.namespace)
