@@ -1,18 +1,25 @@
 """Checkpoint reporting for training code and sidecars (docs/architecture.md#subjects).
 
-``report`` stores a job's latest checkpoint in KV ``hcs_ckpt`` under
-``subjects.ckpt_key(namespace, job)`` and announces it on
-``subjects.ckpt(namespace, job)`` (core NATS, not a stream); ``latest`` reads
-it back. The scheduler's bind turns the KV entry into ``hcs.io/resume-from``
-for a replacement pod of the same job (``HCS_RESUME_FROM`` in its env)::
+``report`` stores the latest checkpoint of one run of a job in KV
+``hcs_ckpt`` under ``subjects.ckpt_key(namespace, job, run)`` and announces it
+on ``subjects.ckpt(namespace, job)`` (core NATS, not a stream); ``latest``
+reads it back. The scheduler's bind turns the KV entry of the pod's own run
+(or of the run its ``hcs.io/resume-run`` names) into ``hcs.io/resume-from``
+for a replacement pod (``HCS_RESUME_FROM`` in its env)::
 
     bus = await hcs_bus.bus.connect(settings.bus)
-    await checkpoint.report(bus, namespace="ml", job="llama", uri="s3://b/ckpt-900", step=900)
+    await checkpoint.report(
+        bus, namespace="ml", job="llama", run=uid, uri="s3://b/ckpt-900", step=900
+    )
 
-A job's key is ``<namespace>.<job>``, writable only by that namespace's
-sidecar user (``hcs_bus.permissions.sidecar``), and a reader believes an
-entry only when its key and its body both name the namespace and job asked
-for (``resume_point``): a resume point never crosses a namespace.
+A key is ``<namespace>.<job>.<run>`` (``subjects.NO_RUN`` when the run is
+unknown), writable only by that namespace's sidecar user
+(``hcs_bus.permissions.sidecar``); the bucket's ``max_age``
+(``bus.checkpoint_ttl_s``) expires a run's entry that long after its last
+report. A new run of a job (a new owner UID) never finds the last run's
+checkpoint under its own key. A reader believes an entry only when its key
+and its body both name the namespace, job and run asked for
+(``resume_point``): a resume point never crosses a namespace or a run.
 
 The stored step only moves forward: the write is a compare-and-set on the
 entry's revision, and a report whose step is not above the stored one (a late
@@ -33,7 +40,7 @@ from hcs_bus import kvcas, messages, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.errors import BadMessage, BusUnavailable
 from hcs_bus.messages import CheckpointEvent
-from hcs_bus.streams import KV_CKPT
+from hcs_bus.streams import KV_CKPT, kv_stream, kv_subject
 from hcs_bus.telemetry import logger
 
 _log = logger("hcs.checkpoint")
@@ -64,6 +71,7 @@ async def report(
     job: str,
     uri: str,
     step: int,
+    run: str = "",
     framework: str = "",
     time_s: float | None = None,
 ) -> Reported:
@@ -80,6 +88,7 @@ async def report(
         step=step,
         time_s=time.time() if time_s is None else time_s,
         framework=framework,
+        run=run,
     )
     try:
         kv = await bus.js.key_value(KV_CKPT)
@@ -96,14 +105,14 @@ async def report(
         )
         return done
     await bus.nc.publish(subjects.ckpt(namespace, job), messages.encode(event))
-    _log.info("checkpoint_reported", namespace=namespace, job=job, step=step, uri=uri)
+    _log.info("checkpoint_reported", namespace=namespace, job=job, run=run, step=step, uri=uri)
     return done
 
 
 async def _store(kv: KeyValue, event: CheckpointEvent) -> Reported:
     """Compare-and-set ``event`` over the stored entry while it is older
     (``hcs_bus.kvcas``: another reporter's write in between is judged again)."""
-    key = subjects.ckpt_key(event.namespace, event.job)
+    key = subjects.ckpt_key(event.namespace, event.job, event.run)
 
     def later(stored: CheckpointEvent | None) -> kvcas.Change[CheckpointEvent, Reported]:
         if stored is not None and stored.step >= event.step:
@@ -122,21 +131,24 @@ async def _store(kv: KeyValue, event: CheckpointEvent) -> Reported:
 
 
 def resume_point(
-    value: bytes | None, *, key: str, namespace: str, job: str
+    value: bytes | None, *, key: str, namespace: str, job: str, run: str = ""
 ) -> CheckpointEvent | None:
-    """The checkpoint stored under ``key`` when it is ``namespace``/``job``'s:
-    the key and the body must both name them. A mismatch (another
-    namespace's body under this key, a key of another namespace) or an
-    unreadable body is refused, logged, and None."""
+    """The checkpoint stored under ``key`` when it is run ``run`` of
+    ``namespace``/``job``'s: the key and the body must both name them. A
+    mismatch (another namespace's or run's body under this key, a key of
+    another namespace) or an unreadable body is refused, logged, and None."""
     if not value:
         return None
-    want = subjects.ckpt_key(namespace, job)
+    want = subjects.ckpt_key(namespace, job, run)
     try:
         event = messages.decode(value, CheckpointEvent)
     except Exception as exc:  # hostile bytes raise more than MsgspecError
         _log.warning("checkpoint_refused", key=key, want=want, reason=f"unreadable: {exc}")
         return None
-    named = f"{event.namespace}.{event.job}"
+    try:
+        named = subjects.ckpt_key(event.namespace, event.job, event.run)
+    except ValueError:  # a body naming no valid key is nobody's
+        named = f"{event.namespace}.{event.job}.{event.run}"
     if key != want or named != want:
         _log.warning(
             "checkpoint_refused",
@@ -148,10 +160,17 @@ def resume_point(
     return event
 
 
-async def latest(bus: Bus, *, namespace: str, job: str) -> CheckpointEvent | None:
-    """The job's latest reported checkpoint, or None when none was reported
-    (or the entry is another namespace's or job's: ``resume_point``)."""
-    key = subjects.ckpt_key(namespace, job)
+async def latest(
+    bus: Bus, *, namespace: str, job: str, run: str | None = None
+) -> CheckpointEvent | None:
+    """The latest checkpoint reported by run ``run`` of the job (``run=None``:
+    by any of its runs, the newest written: a ``STREAM.MSG.GET``, which the
+    scheduler, healer and operator may send and a sidecar may not), or None
+    when none was reported (or the entry is another namespace's, job's or
+    run's: ``resume_point``)."""
+    if run is None:
+        return await _newest_run(bus, namespace=namespace, job=job)
+    key = subjects.ckpt_key(namespace, job, run)
     kv = await bus.js.key_value(KV_CKPT)
     try:
         entry = await kv.get(key)
@@ -159,8 +178,31 @@ async def latest(bus: Bus, *, namespace: str, job: str) -> CheckpointEvent | Non
         return None
     if not entry.value:
         return None
+    _check(entry.value, key=key)
+    return resume_point(entry.value, key=entry.key, namespace=namespace, job=job, run=run)
+
+
+async def _newest_run(bus: Bus, *, namespace: str, job: str) -> CheckpointEvent | None:
+    """The last entry written under any run of the job (one ``STREAM.MSG.GET``
+    of the last message on ``<ns>.<job>.*``); None when it is a deletion."""
+    prefix = kv_subject(KV_CKPT)[:-1]  # "$KV.hcs_ckpt."
     try:
-        messages.decode(entry.value, CheckpointEvent)
+        msg = await bus.js.get_msg(
+            kv_stream(KV_CKPT), subject=prefix + subjects.ckpt_job_keys(namespace, job)
+        )
+    except NotFoundError:
+        return None
+    if not msg.data or (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+        return None
+    key = (msg.subject or "").removeprefix(prefix)
+    _check(msg.data, key=key)
+    run = key.rsplit(".", 1)[-1]
+    run = "" if run == subjects.NO_RUN else run
+    return resume_point(msg.data, key=key, namespace=namespace, job=job, run=run)
+
+
+def _check(value: bytes, *, key: str) -> None:
+    try:
+        messages.decode(value, CheckpointEvent)
     except msgspec.MsgspecError as exc:
         raise BadMessage(f"KV {KV_CKPT} key {key} is not a CheckpointEvent: {exc}") from exc
-    return resume_point(entry.value, key=entry.key, namespace=namespace, job=job)

@@ -26,8 +26,11 @@ so a renamed subject renames its permission. What each part may do:
   usage alerts on ``hcs.usage.*``.
 * sidecar (checkpoint reporter in training pods): one user per namespace,
   ``sidecar:<ns>`` (``sidecar_user``): put and read only KV ``hcs_ckpt`` keys
-  ``<ns>.<job>``, announce ``hcs.ckpt.<ns>.<job>``, listen on
-  ``hcs.ckpt.request.<ns>.<job>`` — never another namespace's.
+  ``<ns>.<job>.<run>``, announce ``hcs.ckpt.<ns>.<job>``, listen on
+  ``hcs.ckpt.request.<ns>.<job>`` — never another namespace's. Its seed is
+  made and kept by the auth Job like a service's and handed to the namespace
+  only, as Secret ``hcs-checkpoint-nats`` (key ``seed.nk``) in it
+  (``checkpoint_secrets``).
 * operator (the ``hcs`` CLI, an administrator's credential, never on a
   node): the JetStream API, dry-run plans and releases, subscribe ``hcs.>``.
 
@@ -277,14 +280,15 @@ def _mirror() -> Permissions:
 
 
 def sidecar(namespace: str) -> Permissions:
-    """The sidecars of one namespace: its keys and subjects only (``<ns>.*``:
-    one job token, so ``hcs.ckpt.<ns>.*`` never matches a request subject)."""
+    """The sidecars of one namespace: its keys and subjects only (keys
+    ``<ns>.*.*``: a job and a run token; subjects ``<ns>.*``: one job token, so
+    ``hcs.ckpt.<ns>.*`` never matches a request subject)."""
     user = sidecar_user(namespace)
-    mine = f"{namespace}.*"
+    mine, keys = f"{namespace}.*", f"{namespace}.*.*"
     publish = [
         subjects.CKPT_PREFIX + mine,
-        *kv_reading_keys(streams.KV_CKPT, keys=mine),
-        *kv_writing(streams.KV_CKPT, keys=mine),
+        *kv_reading_keys(streams.KV_CKPT, keys=keys),
+        *kv_writing(streams.KV_CKPT, keys=keys),
     ]
     subscribe = [subjects.CKPT_REQUEST_PREFIX + mine, _inbox(user)]
     return Permissions(tuple(publish), tuple(subscribe), deny_publish=_guarded())
@@ -459,6 +463,35 @@ def service_credentials(seeds_dir: Path, *, names: Sequence[str]) -> dict[str, C
     }
 
 
+def checkpoint_secrets(seeds_dir: Path, *, namespaces: Iterable[str]) -> dict[str, Any]:
+    """A ``v1`` List of the Secrets ``hcs-checkpoint-nats`` (key ``seed.nk``),
+    one in each namespace of ``namespaces``, holding the seed of its user
+    ``sidecar:<ns>`` from ``seeds_dir`` (``service_credentials`` made it)."""
+    items = []
+    for namespace in sorted(set(namespaces)):
+        path = seeds_dir / f"{sidecar_user(namespace).replace(':', '-')}.nk"
+        seed = path.read_text().strip()
+        items.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": vocabulary.CHECKPOINT_SECRET,
+                    "namespace": namespace,
+                    "labels": {"app.kubernetes.io/part-of": "hcs"},
+                    "annotations": {NKEY_LABEL: public_key(seed)},
+                },
+                "data": {
+                    vocabulary.CHECKPOINT_SEED_KEY: base64.b64encode(
+                        (seed + "\n").encode()
+                    ).decode()
+                },
+            }
+        )
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
 def _render(args: argparse.Namespace) -> int:
     node_list = json.loads(Path(args.nodes_json).read_text())
     nodes = registered_nodes(node_list)
@@ -472,6 +505,9 @@ def _render(args: argparse.Namespace) -> int:
     )
     text = render_nats_conf(auth)
     Path(args.out).write_text(text)
+    if args.checkpoint_secrets_out:
+        found = checkpoint_secrets(Path(args.seeds_dir), namespaces=namespaces)
+        Path(args.checkpoint_secrets_out).write_text(json.dumps(found))
     print(f"rendered {len(nodes)} agent users and {len(names)} services into {args.out}")
     return 0
 
@@ -512,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ren.add_argument(
         "--namespaces-json", help="kubectl get namespaces -o json: each a sidecar user"
+    )
+    ren.add_argument(
+        "--checkpoint-secrets-out",
+        help="write here a v1 List of Secrets hcs-checkpoint-nats, one per sidecar namespace",
     )
     args = parser.parse_args(argv)
     if args.command == "render":

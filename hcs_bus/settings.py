@@ -3,7 +3,9 @@
 Sources, later wins: defaults, a YAML file (``HCS_CONFIG`` or ``--config``;
 decoded strictly, unknown keys are an error), then environment variables
 ``HCS_<GROUP>__<FIELD>`` (e.g. ``HCS_BUS__URL``). ``NATS_URL`` is honoured for
-``bus.url``. Every field carries its unit in its name.
+``bus.url``, which is one server or a comma-separated list of the servers of a
+cluster (every part connects to any of them). Every field carries its unit in
+its name.
 
 Secrets never leave in a dump: ``repr()`` of the bus group masks its
 password, token and the credentials of its URL, and ``redacted(settings)`` is
@@ -49,6 +51,7 @@ class BusSettings(_Group, frozen=True, forbid_unknown_fields=True):
     health_max_age_s: float = 7 * 24 * 3600.0
     health_max_per_node: int = 10_000
     alloc_max_age_s: float = 30 * 24 * 3600.0
+    checkpoint_ttl_s: float = 7 * 24 * 3600.0  # a run's checkpoint entry expires this long after
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in _redacted_fields(self).items())
@@ -128,6 +131,9 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     weight_topology: float = 1.0
     reserve_ttl_s: float = 60.0
     pledge_ttl_s: float = 600.0  # an admission's pledge whose pod is never bound expires
+    # a pledge whose pod never appears (no pod carries its hcs.io/pledge) is
+    # released this long after its admission, and counts against no quota after
+    pledge_unclaimed_s: float = 10.0
     replan_after_s: float = 30.0  # a pod stranded this long on a full class is re-planned
     stranding_scan_s: float = 2.0  # how often pending HCS pods are looked at
     wake_min_interval_s: float = 5.0  # a parked pod is woken at most this often
@@ -151,7 +157,9 @@ class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):
     port: int = 8443
     cert_file: str | None = None
     key_file: str | None = None
-    plan_timeout_s: float = 2.0
+    # what an admission waits for its plan, cut to the API server's webhook timeout
+    # (5 s) less 0.5 s; a replica answers within its own 0.8 s once a request reaches it
+    plan_timeout_s: float = 4.0
     failure_policy: Literal["fail-closed", "fail-open"] = "fail-closed"
     scheduler_name: str = "hcs-scheduler"
     interceptor_host_path: str = "/usr/local/hcs/lib"
@@ -166,6 +174,13 @@ class InjectorSettings(_Group, frozen=True, forbid_unknown_fields=True):
     privileged_service_accounts: tuple[
         Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")], ...
     ] = ()
+    # the checkpoint sidecar of a pod that sets hcs.io/checkpoint-dir
+    # (injector.sidecars): a native sidecar (an init container with
+    # restartPolicy Always, Kubernetes >= 1.28) unless false (a plain extra
+    # container, for older clusters); its image and the NATS it reports to
+    native_sidecars: bool = True
+    checkpoint_image: str = "ghcr.io/hcs-project/hcs-healer:0.1.0"
+    checkpoint_bus_url: str = "nats://hcs-nats.hcs-system.svc:4222"
 
 
 class HealerSettings(_Group, frozen=True, forbid_unknown_fields=True):
@@ -236,6 +251,8 @@ def _overlay_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         parsed = _env_value(value)
         if isinstance(parsed, str) and isinstance(_default(group, field), tuple):
             parsed = [parsed] if parsed else []  # a list of one, or none
+        elif isinstance(parsed, list) and isinstance(_default(group, field), str):
+            parsed = value  # a text with commas in it: a NATS server list (bus.url)
         raw.setdefault(group, {})[field] = parsed
 
 

@@ -2,7 +2,8 @@
 (``hcs bus init`` and every part at start). What the server holds is compared
 with what the settings want (``hcs_bus.changes``) and only what differs is
 touched, so a second run reports every one unchanged. Only nats-server 2.9
-features are used (docs/architecture.md#bus-rules)."""
+features are used (docs/architecture.md#bus-rules); the servers must be 2.10 or newer
+(``hcs_bus.natsserver.MIN_VERSION``)."""
 
 from __future__ import annotations
 
@@ -100,7 +101,10 @@ def kv_configs(settings: BusSettings) -> list[KeyValueConfig]:
             bucket=KV_ALLOC,
             history=1,
             replicas=settings.replicas,
-            direct=True,
+            # every read answered by the stream's leader: a direct get may be
+            # served by a replica behind it, and a decision taken on it (a
+            # release that finds nothing to release) would be taken on the past
+            direct=False,
             description="device reservations per node, written with compare-and-set",
         ),
         KeyValueConfig(
@@ -108,7 +112,8 @@ def kv_configs(settings: BusSettings) -> list[KeyValueConfig]:
             history=1,
             replicas=settings.replicas,
             direct=True,
-            description="latest CheckpointEvent per job",
+            ttl=settings.checkpoint_ttl_s,  # a run's entry expires this long after its last report
+            description="latest CheckpointEvent per job run",
         ),
     ]
 
@@ -176,8 +181,10 @@ async def _bucket(bus: Bus, kv: KeyValueConfig) -> Outcome:
         "max_msgs_per_subject": kv.history,
         "num_replicas": kv.replicas,
         "allow_direct": kv.direct,
+        "max_age": kv.ttl,  # seconds here, nanoseconds on the wire
     }
-    found = changes(want=ours, have=info.config.as_dict())
+    wire = {**ours, "max_age": None if kv.ttl is None else int(kv.ttl * 1_000_000_000)}
+    found = changes(want=wire, have=info.config.as_dict())
     if not found:
         return Outcome(name, "unchanged")
     wanted = {k: v for k, v in ours.items() if v is not None}

@@ -100,9 +100,18 @@ def ckpt_request(namespace: str, job: str) -> str:
     return f"{CKPT_REQUEST_PREFIX}{ns}.{_plain_token(job, what='job')}"
 
 
-def ckpt_key(namespace: str, job: str) -> str:
-    """Key of a job's latest checkpoint in KV ``hcs_ckpt``."""
-    return f"{_plain_token(namespace, what='namespace')}.{_plain_token(job, what='job')}"
+NO_RUN: Final = "_"  # the run token of a job whose run is unknown
+
+
+def ckpt_key(namespace: str, job: str, run: str = "") -> str:
+    """Key of the latest checkpoint of one run of a job in KV ``hcs_ckpt``:
+    ``<namespace>.<job>.<run>`` (``NO_RUN`` for a run that is unknown)."""
+    return f"{ckpt_job_keys(namespace, job)[:-1]}{_plain_token(run or NO_RUN, what='run')}"
+
+
+def ckpt_job_keys(namespace: str, job: str) -> str:
+    """The keys of every run of a job in KV ``hcs_ckpt`` (``<namespace>.<job>.*``)."""
+    return f"{_plain_token(namespace, what='namespace')}.{_plain_token(job, what='job')}.*"
 
 
 def alloc_key(node: str) -> str:

@@ -1,4 +1,6 @@
-"""Checkpoint sidecar: ``python -m healer.checkpointing --dir D --namespace NS --job J [--pid P]``.
+"""Checkpoint sidecar: ``python -m healer.checkpointing --dir D --namespace NS --job J
+[--run R] [--pid P]`` (the injector adds it to a pod that sets ``hcs.io/checkpoint-dir``:
+``injector.sidecars``).
 
 Runs beside a training container sharing its checkpoint directory:
 
@@ -9,7 +11,13 @@ Runs beside a training container sharing its checkpoint directory:
 * it subscribes to ``hcs.ckpt.request.<ns>.<job>``: a ``CheckpointRequest``
   becomes the file ``<dir>/HCS_CHECKPOINT_REQUEST`` (JSON, written atomically)
   and, when ``--pid`` is given, SIGUSR1 to that process. The trainer watches
-  either, saves, and the next scan reports the new checkpoint.
+  either, saves, and the next scan reports the new checkpoint (the injected
+  sidecar mounts the directory writable). A directory the sidecar may only
+  read takes no file: the refusal is logged and the trainer learns of the
+  request from ``--pid`` only.
+
+Checkpoints are reported under the job's run (``--run``, the pod's
+``hcs_bus.jobs.JobIdentity.run``; "" when unknown).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ class Sidecar:
         root: Path,
         namespace: str,
         job: str,
+        run: str = "",
         pid: int | None = None,
         interval_s: float = 5.0,
         settle_s: float = 30.0,
@@ -70,6 +79,7 @@ class Sidecar:
         self.root = root
         self.namespace = namespace
         self.job = job
+        self.job_run = run
         self.pid = pid
         self.interval_s = interval_s
         self.settle_s = settle_s
@@ -109,6 +119,7 @@ class Sidecar:
             self.bus,
             namespace=self.namespace,
             job=self.job,
+            run=self.job_run,
             uri=found.uri,
             step=found.step,
             framework=found.framework,
@@ -125,9 +136,13 @@ class Sidecar:
         body = msgspec.to_builtins(request)
         target = self.root / REQUEST_FILE
         tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(target)
-        _log.info("checkpoint_request_written", path=str(target), request_id=request.request_id)
+        try:
+            tmp.write_text(json.dumps(body))
+            tmp.replace(target)
+        except OSError as exc:  # a read-only checkpoint volume: the signal only
+            _log.warning("checkpoint_request_not_written", path=str(target), error=str(exc))
+        else:
+            _log.info("checkpoint_request_written", path=str(target), request_id=request.request_id)
         if self.pid:
             try:
                 os.kill(self.pid, signal.SIGUSR1)
@@ -146,6 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dir", required=True, type=Path, help="checkpoint directory")
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--job", required=True)
+    parser.add_argument("--run", default="", help="the job's run (its owner's UID)")
     parser.add_argument("--pid", type=int, default=None, help="trainer pid to send SIGUSR1")
     parser.add_argument("--interval-s", type=float, default=5.0)
     parser.add_argument(
@@ -168,6 +184,7 @@ async def _main(args: argparse.Namespace) -> None:
         root=args.dir,
         namespace=args.namespace,
         job=args.job,
+        run=args.run,
         pid=args.pid,
         interval_s=args.interval_s,
         settle_s=args.settle_s,

@@ -54,7 +54,7 @@ from scheduler.ledger import audit_rules as ledger
 from scheduler.ledger import claim_rules as claims
 from scheduler.ledger.audit_rules import BindingOutcome
 from scheduler.ledger.group_commit import Batches
-from scheduler.plan import pods
+from scheduler.plan import gang_records, pods
 from scheduler.view.state import ClusterState, DeviceView, NodeView, booked
 
 _log = logger("hcs.scheduler.booking")
@@ -448,17 +448,56 @@ class Booker:
         return "", annotations
 
     async def _resume_from(self, pod: pods.PodInfo) -> str | None:
+        """The checkpoint of the pod's own run (or the run its hcs.io/resume-run
+        names): a new run of a job never resumes another run's unless it names it.
+        A gang's ranks all resume from one point: the first rank's bind records
+        it in the gang's record, every later rank's bind reads it there."""
         if self.ckpt is None or not pod.job:
             return None
+        found = await self._checkpoint_of(pod)
+        return await self._gang_resume(pod, found)
+
+    async def _gang_resume(self, pod: pods.PodInfo, found: str | None) -> str | None:
+        """The resume point the pod's pledged gang recorded (recording ``found``
+        when it is the first rank to bind); ``found`` for a pod of no gang."""
+        if not pod.job:
+            return found
+
+        def decide(
+            record: gang_records.GangRecord | None,
+        ) -> kvcas.Change[gang_records.GangRecord, str | None]:
+            if record is None or record.state != "pledged":
+                return kvcas.Keep(found)
+            if record.resume_from is not None:
+                return kvcas.Keep(record.resume_from or None)
+            return kvcas.Put(gang_records.resumed(record, found or ""), found)
+
+        key = gang_records.key_for(pod.ref.namespace, pod.job, pod.run)
         try:
-            entry = await self.ckpt.get(subjects.ckpt_key(pod.ref.namespace, pod.job))
+            return await kvcas.update(
+                self.kv,
+                key,
+                decide,
+                decode=gang_records.DECODER.decode,
+                encode=gang_records.ENCODER.encode,
+            )
+        except (HcsError, NatsError, msgspec.MsgspecError) as exc:
+            _log.warning("gang_resume_unreadable", gang=key, error=repr(exc))
+            return found
+
+    async def _checkpoint_of(self, pod: pods.PodInfo) -> str | None:
+        if self.ckpt is None or not pod.job:
+            return None
+        run = pod.resume_run or pod.run
+        try:
+            entry = await self.ckpt.get(subjects.ckpt_key(pod.ref.namespace, pod.job, run))
         except (KeyNotFoundError, ValueError):
             return None
         except NatsError as exc:  # the bind goes on without a resume point
             _log.warning("checkpoint_unreadable", job=pod.job, error=repr(exc))
             return None
         found = checkpoint.resume_point(  # refused (and logged) across namespaces
-            entry.value, key=entry.key, namespace=pod.ref.namespace, job=pod.job
+            entry.value, key=entry.key, namespace=pod.ref.namespace, job=pod.job, run=run
         )
         return found.uri if found is not None and found.uri else None
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from hcs_bus import demands, plannotes, vocabulary
+from hcs_bus import demands, jobs, plannotes, vocabulary
 from hcs_bus.messages import PodRef, Policy, Requests
 
 RESOURCE_PREFIX = demands.COMPUTE
@@ -111,6 +111,8 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     # (anti-)affinity terms or ScheduleAnyway spread constraints, or an owner
     # that default spreading applies to (``kube_prefers``)
     kube_scores: bool = True
+    run: str = ""  # the job's run (``hcs_bus.jobs``: its owner's UID); "" when unknown
+    resume_run: str = ""  # the run whose checkpoint it resumes (hcs.io/resume-run)
 
     @property
     def wants_devices(self) -> bool:
@@ -134,7 +136,16 @@ def pod_info(pod: PodObject) -> PodInfo:
         traceparent=annotations.get(vocabulary.TRACEPARENT),
         pledge=annotations.get(vocabulary.PLEDGE, ""),
         kube_scores=kube_prefers(pod),
+        run=_run(labels, annotations, owners) if policy.job else "",
+        resume_run=annotations.get(vocabulary.RESUME_RUN, "").strip(),
     )
+
+
+def _run(labels: dict[str, str], annotations: dict[str, str], owners: list[Any]) -> str:
+    """The run of the pod's job, read as the injector reads it at admission."""
+    metadata = {"labels": labels, "annotations": annotations, "ownerReferences": owners}
+    identity = jobs.read({"metadata": metadata}, lenient=True)
+    return identity.run if identity is not None else ""
 
 
 def kube_prefers(pod: PodObject) -> bool:

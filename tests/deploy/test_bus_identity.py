@@ -199,7 +199,7 @@ async def test_a_sidecar_cannot_write_or_read_another_namespaces_checkpoint(
     done = await checkpoint.report(sidecar, namespace="ml", job="llm", uri="s3://ok", step=1)
     assert done.stored
     team_b, _ = await connect_as(permissions.sidecar_user("team-b"))
-    assert await checkpoint.latest(team_b, namespace="team-b", job="llm") is None
+    assert await checkpoint.latest(team_b, namespace="team-b", job="llm", run="") is None
 
 
 async def test_a_checkpoint_whose_body_names_another_namespace_is_never_a_resume_point(
@@ -237,7 +237,7 @@ def test_render_makes_one_sidecar_user_per_listed_namespace_with_only_its_keys(
     argv += [str(tmp_path / "seeds"), "--out", str(out)]
     assert permissions.main([*argv, "--namespaces-json", str(tmp_path / "namespaces.json")]) == 0
     conf = out.read_text()
-    assert '"$KV.hcs_ckpt.ml.*"' in conf and '"$KV.hcs_ckpt.team-b.*"' in conf
+    assert '"$KV.hcs_ckpt.ml.*.*"' in conf and '"$KV.hcs_ckpt.team-b.*.*"' in conf
     assert '"$KV.hcs_ckpt.*.*"' not in conf and '"$KV.hcs_ckpt.>"' not in conf
     assert {"sidecar-ml.nk", "sidecar-team-b.nk"} <= {
         p.name for p in (tmp_path / "seeds").iterdir()

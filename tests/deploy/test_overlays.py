@@ -152,7 +152,11 @@ def test_the_webhook_and_crds_the_e2e_tier_applies_are_valid_on_kubernetes_1_26(
 def test_the_overlays_add_what_needs_kubernetes_1_30_through_one_component(overlay: str) -> None:
     objects = render(overlay)
     policies = by_kind(objects, "ValidatingAdmissionPolicy")
-    assert set(policies) == {"hcs-reserved-annotations", "hcs-agent-own-node"}
+    assert set(policies) == {
+        "hcs-reserved-annotations",
+        "hcs-agent-own-node",
+        "hcs-checkpoint-namespace",
+    }
     assert set(by_kind(objects, "ValidatingAdmissionPolicyBinding")) == set(policies)
     webhook = by_kind(objects, "MutatingWebhookConfiguration")["hcs-pod-mutator"]
     [condition] = webhook["webhooks"][0]["matchConditions"]
