@@ -2,22 +2,23 @@
 
     hcs up [--for S] [--fleet FILE] [--extender H:P] [--webhook H:P] [--console H:P]
            [--state-dir DIR] [--nats-cluster N]
-    hcs top [--once] [--json]
+    hcs top [--once] [--json] [--limit N]
     hcs bus init [--replicas N]
     hcs models [--vendor V] [--json]
     hcs convert AMOUNT UNIT --to VENDOR/MODEL
         UNIT: tflops-fp16|tflops-bf16|tflops-fp32|acu|vram (AMOUNT 16Gi), or a model:
         hcs convert 1 nvidia/A100-80G --to hygon/K100
     hcs place --vram 16Gi [--tflops-fp16 N] [--acu N] [--devices N] [--vendors a,b] …
-    hcs watch 'hcs.health.*' [--count N]
+    hcs watch 'hcs.health.*' [--last N] [--count N]
     hcs usage [--namespace N] [--since 24h] [--json]
     hcs certs --out DIR --dns NAME… [--client NAME]
     hcs completion bash|zsh|tcsh
 
 Global options (``--nats-url``, ``--config``, ``--connect-timeout``) go before
-or after the command. A bad flag or file prints one line naming the flag and
-value and exits 2; a command that cannot reach NATS within
-``--connect-timeout`` prints one line and exits 1.
+or after the command; without a bus named there (or in ``HCS_BUS__URL``), a
+command talks to the running ``hcs up``'s (``hcs.context``). A bad flag or
+file prints one line naming the flag and value and exits 2; a command that
+cannot reach NATS within ``--connect-timeout`` prints one line and exits 1.
 """
 
 from __future__ import annotations
@@ -182,6 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the window up to now, e.g. 30m, 24h, 7d (default 24h)",
     )
     usage.add_argument("--json", action="store_true", help="print the rows as JSON")
+    queue = command("queue", "the shared pool: each namespace's share and the queue in order")
+    queue.add_argument("--json", action="store_true", help="print the view as JSON")
+    kueue = command(
+        "kueue", "Kueue ResourceFlavors and ClusterQueues in ACU from the ComputeQuotas"
+    )
+    kueue.add_argument(
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="also this namespace's ComputeQuotas (repeatable)",
+    )
     watch = command("watch", "print bus messages as JSON lines")
     watch.add_argument(
         "subject",
@@ -457,6 +471,14 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return await commands.watch(bus, args.subject, count=args.count, last=args.last)
         if command == "check":
             return await _check(bus, settings, settle_s=args.settle_s)
+        if command == "queue":
+            from hcs import queue
+
+            return await queue.run(bus, settings, as_json=args.json, now=time.time())
+        if command == "kueue":
+            from hcs import kueue
+
+            return await kueue.run(bus, settings, namespaces=args.namespaces)
         if command == "usage":
             from hcs import usage
 

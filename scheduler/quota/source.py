@@ -2,13 +2,16 @@
 or a YAML file (``scheduler.quota_file``) when there is no cluster.
 
 A ComputeQuota's limits are read from ``spec.hard`` with the resource names
-pods use (``ai.compute/vram`` as a quantity, ``ai.compute/acu`` a number);
-several quotas in one namespace: the tightest of each wins. ``UsedWriter``
-writes their ``status.used`` from the ledger (reservations and pledges).
-The file::
+pods use (``ai.compute/vram`` as a quantity, ``ai.compute/acu`` a number):
+the ceiling the namespace may borrow up to. ``spec.guaranteed`` (``vram``,
+``acu``, and per class ``classes: {<vendor/model or library>: {vram, acu}}``)
+is what the shared pool always gives back to it, and ``spec.weight`` its
+fair-share weight (``scheduler.quota.share_rules``). Several quotas in one
+namespace: the tightest of each wins. ``UsedWriter`` writes their
+``status.used`` from the ledger (reservations and pledges). The file::
 
     namespaces:
-      ml-team: {vram: 640Gi, acu: 800}
+      ml-team: {vram: 640Gi, acu: 800, guaranteed: {acu: 400}, weight: 2}
 
 Answers are cached for ``ttl_s``; a failing API keeps the last answer
 (quotas fail open: the bind still checks capacity) and logs it.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +40,22 @@ from scheduler.plan.rules import QuotaLimits, namespace_usage
 _log = logger("hcs.scheduler.quotas")
 
 
+class _Amount(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    vram: str | int | None = None
+    acu: str | int | float | None = None
+
+
+class _Guaranteed(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    vram: str | int | None = None
+    acu: str | int | float | None = None
+    classes: dict[str, _Amount] = {}
+
+
 class _Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     vram: str | int | None = None
     acu: str | int | float | None = None
+    guaranteed: _Guaranteed | None = None
+    weight: float = 1.0
 
 
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -50,9 +67,39 @@ def read_file(path: str | Path) -> dict[str, QuotaLimits]:
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
         parsed = msgspec.convert(raw, _File)
-        return {ns: _limits(lim.vram, lim.acu) for ns, lim in parsed.namespaces.items()}
+        return {
+            ns: _with_share(_limits(lim.vram, lim.acu), lim.guaranteed, lim.weight)
+            for ns, lim in parsed.namespaces.items()
+        }
     except (OSError, yaml.YAMLError, msgspec.ValidationError, QuantityError) as exc:
         raise ConfigError(f"quota file {path}: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"quota file {path}: {exc}") from exc
+
+
+def _with_share(lim: QuotaLimits, guaranteed: _Guaranteed | None, weight: float) -> QuotaLimits:
+    if not weight > 0:
+        raise ValueError(f"weight {weight!r} must be above 0")
+    if guaranteed is None:
+        return replace(lim, weight=weight)
+    floor = _limits(guaranteed.vram, guaranteed.acu)
+    for name, have, ceiling in (
+        ("vram", floor.vram_mib, lim.vram_mib),
+        ("acu", floor.acu, lim.acu),
+    ):
+        if have is not None and ceiling is not None and have > ceiling:
+            raise ValueError(f"guaranteed {name} {have:g} is above the ceiling (hard) {ceiling:g}")
+    classes = tuple(
+        (key, c.vram_mib, c.acu)
+        for key, c in sorted((k, _limits(v.vram, v.acu)) for k, v in guaranteed.classes.items())
+    )
+    return replace(
+        lim,
+        guaranteed_vram_mib=floor.vram_mib,
+        guaranteed_acu=floor.acu,
+        weight=weight,
+        guaranteed_classes=classes,
+    )
 
 
 def _limits(vram: Any, acu: Any) -> QuotaLimits:
@@ -63,19 +110,54 @@ def _limits(vram: Any, acu: Any) -> QuotaLimits:
 
 
 def from_objects(objects: list[dict[str, Any]]) -> QuotaLimits | None:
-    """The tightest limits over a namespace's ComputeQuota objects."""
-    vram: int | None = None
-    acu: float | None = None
+    """The tightest limits over a namespace's ComputeQuota objects (ceiling,
+    guarantee and weight each the smallest given)."""
+    found: list[QuotaLimits] = []
     for obj in objects:
-        hard = (obj.get("spec") or {}).get("hard") or {}
+        spec = obj.get("spec") or {}
+        hard = spec.get("hard") or {}
+        floor = spec.get("guaranteed") or {}
         lim = _limits(_pick(hard, "vram"), _pick(hard, "acu"))
-        if lim.vram_mib is not None:
-            vram = lim.vram_mib if vram is None else min(vram, lim.vram_mib)
-        if lim.acu is not None:
-            acu = lim.acu if acu is None else min(acu, lim.acu)
-    if vram is None and acu is None:
+        share = _limits(_pick(floor, "vram"), _pick(floor, "acu"))
+        classes = tuple(
+            (key, c.vram_mib, c.acu)
+            for key, c in sorted(
+                (k, _limits(_pick(v or {}, "vram"), _pick(v or {}, "acu")))
+                for k, v in (floor.get("classes") or {}).items()
+            )
+        )
+        found.append(
+            replace(
+                lim,
+                guaranteed_vram_mib=share.vram_mib,
+                guaranteed_acu=share.acu,
+                weight=float(spec.get("weight", 1.0)),
+                guaranteed_classes=classes,
+            )
+        )
+    if all(
+        f.vram_mib is None
+        and f.acu is None
+        and f.guaranteed_acu is None
+        and f.guaranteed_vram_mib is None
+        for f in found
+    ):
         return None
-    return QuotaLimits(vram_mib=vram, acu=acu)
+    return QuotaLimits(
+        vram_mib=_least(f.vram_mib for f in found),
+        acu=_least(f.acu for f in found),
+        guaranteed_vram_mib=_least(f.guaranteed_vram_mib for f in found),
+        guaranteed_acu=_least(f.guaranteed_acu for f in found),
+        weight=min(f.weight for f in found),
+        guaranteed_classes=min(
+            (f.guaranteed_classes for f in found if f.guaranteed_classes), default=()
+        ),
+    )
+
+
+def _least(values: Iterable[Any]) -> Any:
+    have = [v for v in values if v is not None]
+    return min(have) if have else None
 
 
 def _pick(hard: dict[str, Any], name: str) -> Any:

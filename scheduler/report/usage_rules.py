@@ -16,6 +16,9 @@ usage over ``[a, c]``. A second ``bound`` for an allocation already open
 (the scheduler re-announces a pod it finds bound at expiry) does not restart
 it; a release of an allocation never bound is ignored.
 
+``split_by_guarantee`` meters a namespace's ACU-seconds within its guarantee
+apart from those it borrowed in the shared pool.
+
 ``quota_share`` and ``crossings`` decide the usage alert: a namespace whose
 held VRAM or ACU reaches ``threshold`` of its ComputeQuota fires once, and is
 in alert again only after falling below ``rearm``.
@@ -242,3 +245,39 @@ def crossings(
             fired.append(namespace)
             still.add(namespace)
     return fired, frozenset(still)
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """ACU-seconds a namespace held within its guarantee, and beyond it (borrowed)."""
+
+    within_acu_s: float = 0.0
+    borrowed_acu_s: float = 0.0
+
+
+def split_by_guarantee(
+    spans: Iterable[Span], *, since: float, now: float, guaranteed_acu: dict[str, float]
+) -> dict[str, Split]:
+    """Per namespace, its ACU held over ``[since, now]`` split at its
+    guarantee (absent: 0, all borrowed): at each moment what it holds up to
+    the guarantee is within, the rest borrowed. The two add up to the
+    window's ACU-seconds, and windows add up as ``usage``'s do."""
+    steps: dict[str, list[tuple[float, float]]] = {}
+    for span in spans:
+        start = max(span.start_s, since)
+        end = now if span.end_s is None else min(span.end_s, now)
+        if end <= start or span.acu <= 0:
+            continue
+        steps.setdefault(span.namespace, []).extend(((start, span.acu), (end, -span.acu)))
+    out: dict[str, Split] = {}
+    for namespace, changes in sorted(steps.items()):
+        floor = max(guaranteed_acu.get(namespace, 0.0), 0.0)
+        within = lent = held_acu = 0.0
+        last = since
+        for time_s, delta in sorted(changes):
+            seconds = time_s - last
+            within += min(held_acu, floor) * seconds
+            lent += max(held_acu - floor, 0.0) * seconds
+            held_acu, last = held_acu + delta, time_s
+        out[namespace] = Split(within_acu_s=within, borrowed_acu_s=lent)
+    return out
