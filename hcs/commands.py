@@ -204,6 +204,8 @@ async def _kept(bus: Bus, subject: str, *, last: int) -> list[tuple[str, bytes]]
     try:
         stream = await bus.js.find_stream_name_by_subject(subject)
     except NotFoundError:
+        if subject.startswith("hcs."):
+            raise  # an HCS subject no stream keeps: this server is not an HCS bus
         raise ConfigError(
             f"hcs watch: --last: no stream keeps {subject!r}, so there is nothing to replay"
         ) from None

@@ -18,6 +18,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from hcs.top import acu_text, gib_text
+
 _WIDE = 110  # from this width on, the extra node columns fit
 _MIN_ALERT_ROWS = 3
 
@@ -65,22 +67,21 @@ def _table(*columns: str, title: str | None = None) -> Table:
         title_style="bold",
     )
     for name in columns:
-        numeric = name in {"DEV", "OK", "DEG", "FAIL", "ACU", "HEALTH", "UNHEALTHY", "VRAM GiB"}
+        numeric = name in {"DEV", "OK", "DEG", "FAIL", "ACU", "SCORE", "UNHEALTHY", "VRAM GiB"}
         table.add_column(name, justify="right" if numeric else "left", no_wrap=True)
     return table
 
 
 def _gib(free_mib: float, total_mib: float) -> str:
-    return f"{free_mib / 1024:,.0f}/{total_mib / 1024:,.0f}"
+    return f"{gib_text(free_mib)}/{gib_text(total_mib)}"
 
 
-def _fleet_line(t: dict[str, float]) -> Text:
+def _fleet_line(t: dict[str, Any]) -> Text:
     line = Text(no_wrap=True, overflow="ellipsis")
     line.append("HCS ", style="bold")
     line.append(
-        f"nodes {t['nodes']:.0f}  devices {t['devices']:.0f}  "
-        f"unhealthy {t['unhealthy_devices']:.0f}  VRAM free {_gib(t['vram_free_mib'], t['vram_total_mib'])} GiB"
-        f"  ACU {t['acu']:,.0f}"
+        f"nodes {t['nodes']:.0f}  devices {t['health']['text']}  "
+        f"VRAM free {_gib(t['vram_free_mib'], t['vram_total_mib'])} GiB  ACU {acu_text(t['acu'])}"
     )
     return line
 
@@ -94,7 +95,7 @@ def _nodes(rows: list[dict[str, Any]], *, width: int, room: int) -> Table:
     columns = ["NODE", "MODELS", "DEV", "FAIL", "VRAM GiB", "ACU", "STATE"]
     if wide:
         columns[3:3] = ["OK", "DEG"]
-        columns.insert(-1, "HEALTH")
+        columns.insert(-1, "SCORE")
     table = _table(*columns)
     troubled = sorted(rows, key=lambda r: (r["failed"] == 0 and not r["stale"], r["node"]))
     shown = troubled if len(troubled) <= room - 1 else troubled[: max(room - 2, 0)]
@@ -102,7 +103,7 @@ def _nodes(rows: list[dict[str, Any]], *, width: int, room: int) -> Table:
         cells = [row["node"], ",".join(row["models"]), str(row["devices"]), str(row["failed"])]
         if wide:
             cells[3:3] = [str(row["healthy"]), str(row["degraded"])]
-        cells += [_gib(row["vram_free_mib"], row["vram_total_mib"]), f"{row['acu']:,.0f}"]
+        cells += [_gib(row["vram_free_mib"], row["vram_total_mib"]), acu_text(row["acu"])]
         if wide:
             cells.append(str(row["health"]))
         cells.append(_state(row))
@@ -122,7 +123,7 @@ def _models(rows: list[dict[str, Any]], *, width: int) -> Table:
             str(row["devices"]),
             str(row["unhealthy"]),
             _gib(row["vram_free_mib"], row["vram_total_mib"]),
-            f"{row['acu']:,.0f}",
+            acu_text(row["acu"]),
         )
     _shrink(table, first=0, width=width)
     return table
@@ -141,12 +142,12 @@ def _jobs(rows: list[dict[str, Any]], *, width: int) -> Table:
 
 
 def _alerts(rows: list[dict[str, Any]], *, width: int, room: int) -> Table | None:
-    """The newest alerts that fit in ``room`` rows (title included), newest first;
-    a message wraps onto more rows rather than losing its end."""
+    """The newest alerts (``rows`` come newest first) that fit in ``room`` rows
+    (title included); a message wraps onto more rows rather than losing its end."""
     if not rows or room < 2:
         return None
     for count in range(min(len(rows), room - 1), 0, -1):
-        table = _alert_table(rows[-count:][::-1], width=width, total=len(rows))
+        table = _alert_table(rows[:count], width=width, total=len(rows))
         if _rows(table, width) <= room:
             return table
     return None

@@ -2,6 +2,12 @@
 
 ``summarise`` is pure (state → dict); ``render`` turns that into text; the
 live loop lives in ``hcs.cli``.
+
+One format per figure in every view (this text, the live screen of
+``hcs.screen``, the console): ACU and GiB as whole numbers with a thousands
+separator (``acu_text``, ``gib_text``); the fleet's health as devices healthy
+of all and the worst state (``scheduler.console.panels.health_figure``);
+alerts newest first.
 """
 
 from __future__ import annotations
@@ -10,7 +16,20 @@ from collections import defaultdict, deque
 from typing import Any
 
 from hcs_bus.messages import CheckpointEvent, HealthEvent
+from scheduler.console.panels import health_counts, health_figure
 from scheduler.view.state import ClusterState, NodeView, fleet_totals, free_for_work
+
+ALERTS_SHOWN = 8  # hcs top --once, unless --limit says otherwise
+
+
+def acu_text(acu: float) -> str:
+    """ACU as every view writes it: a whole number, thousands separated."""
+    return f"{acu:,.0f}"
+
+
+def gib_text(mib: float) -> str:
+    """VRAM in GiB as every view writes it: a whole number, thousands separated."""
+    return f"{mib / 1024:,.0f}"
 
 
 def summarise(
@@ -18,14 +37,18 @@ def summarise(
     *,
     alerts: deque[HealthEvent] | None = None,
     checkpoints: dict[str, CheckpointEvent] | None = None,
+    limit: int | None = None,
 ) -> dict[str, Any]:
+    """``alerts`` oldest first, as they came; the summary lists them newest
+    first, at most ``limit`` of them."""
     nodes = sorted(state.nodes.values(), key=lambda n: n.name)
+    newest_first = [_alert_row(e) for e in reversed(alerts or ())]
     return {
         "nodes": [_node_row(n) for n in nodes],
         "models": _model_rows(nodes),
-        "totals": fleet_totals(nodes),
+        "totals": {**fleet_totals(nodes), "health": health_figure(health_counts(nodes))},
         "jobs": _job_rows(nodes, checkpoints or {}),
-        "alerts": [_alert_row(e) for e in (alerts or ())],
+        "alerts": newest_first[:limit],
     }
 
 
@@ -93,6 +116,7 @@ def _alert_row(event: HealthEvent) -> dict[str, Any]:
         "node": event.node,
         "device": event.device,
         "kind": event.kind,
+        "time_s": event.time_s,
         "severity": event.severity,
         "source": event.source,
         "verdict": event.verdict,
@@ -101,37 +125,33 @@ def _alert_row(event: HealthEvent) -> dict[str, Any]:
     }
 
 
-def _gib(mib: float) -> str:
-    return f"{mib / 1024:,.0f}"
-
-
 def render(summary: dict[str, Any]) -> str:
     lines = [
         f"{'NODE':<28} {'MODELS':<34} {'DEV':>3} {'OK':>3} {'DEG':>3} {'FAIL':>4} "
-        f"{'VRAM FREE/TOTAL GiB':>20} {'ACU':>7} {'HEALTH':>6}  STATE"
+        f"{'VRAM FREE/TOTAL GiB':>20} {'ACU':>7} {'SCORE':>6}  STATE"
     ]
     for row in summary["nodes"]:
         state = "stale" if row["stale"] else row["verdict"]
-        vram = f"{_gib(row['vram_free_mib'])}/{_gib(row['vram_total_mib'])}"
+        vram = f"{gib_text(row['vram_free_mib'])}/{gib_text(row['vram_total_mib'])}"
         lines.append(
             f"{row['node'][:28]:<28} {','.join(row['models'])[:34]:<34} {row['devices']:>3} "
             f"{row['healthy']:>3} {row['degraded']:>3} {row['failed']:>4} {vram:>20} "
-            f"{row['acu']:>7.0f} {row['health']:>6}  {state}"
+            f"{acu_text(row['acu']):>7} {row['health']:>6}  {state}"
         )
     lines += [
         "",
         f"{'VENDOR/MODEL':<28} {'DEV':>4} {'UNHEALTHY':>9} {'VRAM FREE/TOTAL GiB':>20} {'ACU':>8}",
     ]
     for row in summary["models"]:
-        vram = f"{_gib(row['vram_free_mib'])}/{_gib(row['vram_total_mib'])}"
+        vram = f"{gib_text(row['vram_free_mib'])}/{gib_text(row['vram_total_mib'])}"
         counts = f"{row['devices']:>4} {row['unhealthy']:>9}"
-        lines.append(f"{row['model']:<28} {counts} {vram:>20} {row['acu']:>8.0f}")
+        lines.append(f"{row['model']:<28} {counts} {vram:>20} {acu_text(row['acu']):>8}")
     t = summary["totals"]
     lines += [
         "",
-        f"FLEET  nodes {t['nodes']:.0f}  devices {t['devices']:.0f}  "
-        f"unhealthy {t['unhealthy_devices']:.0f}  VRAM {_gib(t['vram_free_mib'])}/"
-        f"{_gib(t['vram_total_mib'])} GiB free  ACU {t['acu']:,.0f}",
+        f"FLEET  nodes {t['nodes']:.0f}  devices {t['health']['text']}  "
+        f"VRAM {gib_text(t['vram_free_mib'])}/{gib_text(t['vram_total_mib'])} GiB free  "
+        f"ACU {acu_text(t['acu'])}",
     ]
     if summary["jobs"]:
         lines += ["", f"{'JOB':<20} {'POD':<12} {'NODE':<16} {'DEVICES':<26} LAST CHECKPOINT"]
@@ -139,8 +159,8 @@ def render(summary: dict[str, Any]) -> str:
             where = f"{j['job']:<20} {j['pod']:<12} {j['node']:<16} {j['devices']:<26}"
             lines.append(f"{where} {j['checkpoint']}")
     if summary["alerts"]:
-        lines += ["", "RECENT ALERTS (hcs.health.*)"]
-        for a in summary["alerts"][-8:]:
+        lines += ["", f"ALERTS (hcs.health.*) newest first, {len(summary['alerts'])} shown"]
+        for a in summary["alerts"]:
             where = a["node"] + (f"/{a['device']}" if a["device"] is not None else "")
             what = a["verdict"] or a["kind"]
             lines.append(

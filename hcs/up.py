@@ -1,7 +1,8 @@
 """``hcs up``: the whole stack on one machine, the embedded default.
 
 Starts ``nats-server -js`` in a temporary directory on a free port (or uses
-``--nats-url``), initialises the streams, then runs every part as its own
+``--nats-url``; ``--nats-cluster 3``: three servers as one JetStream cluster
+on loopback, every stream and bucket on all three), initialises the streams, then runs every part as its own
 process, as in a cluster: the simulated fleet (agents), the scheduler with
 its extender and console, the injector's webhook, and the healer (dry-run
 unless a cluster is configured). No setup: a throw-away CA in the state
@@ -11,12 +12,19 @@ extender takes binds over mutual TLS only, as in a cluster), and a fresh
 console token is printed in the console's URL. It shows ``hcs top`` while it
 runs (progress lines when stdout is not a terminal). ``--for`` stops it after
 that long; Ctrl-C / SIGTERM stop everything, leaving no process behind.
+
+The extender, webhook and console take free ports unless their flags name
+one. While it runs, ``hcs.context`` tells every other ``hcs`` command where
+it runs; the parts' logs are kept after it stops (``hcs.context.new_logs_dir``
+or ``--state-dir``'s ``logs/``), and it says under the screen what happened
+(``hcs.runsummary``), where it ran and where the logs are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import secrets
 import signal
@@ -27,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import fleet as fleet_file
-from hcs import partlogs
+from hcs import context, partlogs, runsummary
 from hcs.demo import DemoJob
 from hcs_bus import streams, tasks
 from hcs_bus.bus import connect
 from hcs_bus.errors import ConfigError
-from hcs_bus.natsserver import NatsServer, free_port
+from hcs_bus.natsserver import NatsCluster, NatsServer, free_port
 from hcs_bus.redacting import redact_url
 from hcs_bus.settings import Settings, replace
 from hcs_bus.telemetry import logger
@@ -52,6 +60,7 @@ class UpOptions:
     state_dir: Path | None
     demo_job: bool = True
     console: str = "127.0.0.1:8889"
+    nats_cluster: int = 1  # servers of the embedded NATS (a cluster when more than one)
 
 
 @dataclass
@@ -73,6 +82,7 @@ def part_env(settings: Settings, *, certs_dir: Path | None) -> dict[str, str]:
     """The environment that hands this stack's settings to every part."""
     env = dict(os.environ)
     env["HCS_BUS__URL"] = settings.bus.url
+    env["HCS_BUS__REPLICAS"] = str(settings.bus.replicas)
     env["HCS_TELEMETRY__LOG_FORMAT"] = "json"
     env["HCS_SCHEDULER__EXTENDER_HOST"] = settings.scheduler.extender_host
     env["HCS_SCHEDULER__EXTENDER_PORT"] = str(settings.scheduler.extender_port)
@@ -122,39 +132,73 @@ async def run(settings: Settings, options: UpOptions) -> int:
         injector={"host": wh_host, "port": wh_port},
     )
     failures: list[str] = []
+    farewell: list[str] = []  # told again under the screen when the stack stops
     with tempfile.TemporaryDirectory(prefix="hcs-up-") as tmp:
         state_dir = options.state_dir or Path(tmp)
-        (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        logs = _logs_dir(options.state_dir)
         # On a terminal the live screen owns it: this process's own log lines go
         # to logs/hcs-up.log, and a failing part is told once the screen is gone.
         try:
-            with _stderr_to(state_dir / "logs" / "hcs-up.log", enabled=sys.stdout.isatty()):
-                return await _run_in(settings, options, state_dir=state_dir, failures=failures)
+            with _stderr_to(logs / "hcs-up.log", enabled=sys.stdout.isatty()):
+                return await _run_in(
+                    settings, options, state_dir=state_dir, logs=logs, told=(failures, farewell)
+                )
         finally:
+            for line in farewell:
+                print(line, flush=True)
             for failure in failures:
                 print(failure, file=sys.stderr, flush=True)
 
 
+def _logs_dir(state_dir: Path | None) -> Path:
+    """``--state-dir``'s ``logs/``, else a fresh folder in the state home that
+    outlives the run (``hcs.context.new_logs_dir``)."""
+    if state_dir is None:
+        return context.new_logs_dir(now=datetime.datetime.now(datetime.UTC))
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return state_dir / "logs"
+
+
 async def _run_in(
-    settings: Settings, options: UpOptions, *, state_dir: Path, failures: list[str]
+    settings: Settings,
+    options: UpOptions,
+    *,
+    state_dir: Path,
+    logs: Path,
+    told: tuple[list[str], list[str]],
 ) -> int:
-    server: NatsServer | None = None
-    if options.nats_url is None:
+    server: NatsServer | NatsCluster | None = None
+    if options.nats_url is None and options.nats_cluster > 1:
+        cluster = NatsCluster(size=options.nats_cluster, root=state_dir / "nats")
+        server = await cluster.astart()
+        # every stream and bucket on three servers (or all, when fewer)
+        settings = replace(settings, bus={"url": cluster.urls, "replicas": min(cluster.size, 3)})
+        _log.info("nats_started", url=cluster.urls, store=str(state_dir / "nats"))
+    elif options.nats_url is None:
         server = await NatsServer(store_dir=state_dir / "nats").astart()
         settings = replace(settings, bus={"url": server.url})
         _log.info("nats_started", url=server.url, store=str(state_dir / "nats"))
     try:
-        return await _run_stack(settings, options, state_dir=state_dir, failures=failures)
+        return await _run_stack(settings, options, state_dir=state_dir, logs=logs, told=told)
     finally:
         if server is not None:
             server.cleanup()
 
 
 async def _run_stack(
-    settings: Settings, options: UpOptions, *, state_dir: Path, failures: list[str]
+    settings: Settings,
+    options: UpOptions,
+    *,
+    state_dir: Path,
+    logs: Path,
+    told: tuple[list[str], list[str]],
 ) -> int:
+    failures, farewell = told
     bus = await connect(settings.bus, name="hcs-up")
     await streams.init(bus, settings.bus)
+    tally = runsummary.Tally()
+    following = await runsummary.follow(bus, tally)
+    started = asyncio.get_running_loop().time()
     certs_dir = _dev_certs(
         state_dir / "certs", hosts={settings.injector.host, settings.scheduler.extender_host}
     )
@@ -163,6 +207,7 @@ async def _run_stack(
     env = part_env(settings, certs_dir=certs_dir)
     running = parts(options)
     stop = tasks.stop_event()
+    banner: list[str] = []
     try:
         for part in running:
             part.process = await asyncio.create_subprocess_exec(
@@ -170,19 +215,21 @@ async def _run_stack(
                 env={**env, "HCS_TELEMETRY__METRICS_PORT": str(part.metrics_port)},
                 start_new_session=True,
                 stdout=asyncio.subprocess.DEVNULL,
-                stderr=_log_file(state_dir, part.name),
+                stderr=_log_file(logs, part.name),
             )
             _log.info("part_started", part=part.name, pid=part.process.pid)
-        _print_endpoints(
-            settings, state_dir=state_dir, certs_dir=certs_dir, token=token_file.read_text()
+        banner = _endpoint_lines(
+            settings, logs=logs, certs_dir=certs_dir, token=token_file.read_text()
         )
+        print("\n".join(banner), flush=True)
         _print_metrics(running)
+        _write_context(settings, logs=logs, token=token_file.read_text(), running=running)
         from hcs.cli import show_top  # the live view shares code with `hcs top`
 
         view = ClusterView(bus, settings=settings.scheduler, health_replay_s=600.0)
         await view.start()
         live = sys.stdout.isatty()
-        watch = _watch_parts(running, stop, logs=state_dir / "logs", failures=failures)
+        watch = _watch_parts(running, stop, logs=logs, failures=failures)
         background = [
             tasks.start(show_top(bus, settings, live=live, stop=stop, view=view), name="up:top"),
             tasks.start(watch, name="up:watch"),
@@ -209,8 +256,17 @@ async def _run_stack(
         failed = [p.name for p in running if p.process and p.process.returncode not in (None, 0)]
         return 1 if failed else 0
     finally:
+        context.remove(pid=os.getpid())
         await _stop_parts(running)
+        with contextlib.suppress(Exception):  # the bus may be gone already
+            await bus.nc.flush(timeout=1)
+            for sub in following:
+                await sub.unsubscribe()
         await bus.nc.close()
+        ran_s = asyncio.get_running_loop().time() - started
+        farewell.append(f"hcs up: stopped after {ran_s:.0f} s: {tally.line()}")
+        farewell += banner
+        farewell.append(f"hcs up: logs kept in {logs}")
 
 
 def _dev_certs(out: Path, *, hosts: set[str]) -> Path:
@@ -232,25 +288,42 @@ def _console_token(path: Path) -> Path:
     return path
 
 
-def _log_file(state_dir: Path, name: str) -> int:
-    logs = state_dir / "logs"
+def _log_file(logs: Path, name: str) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     return os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
-def _print_endpoints(settings: Settings, *, state_dir: Path, certs_dir: Path, token: str) -> None:
+def _write_context(settings: Settings, *, logs: Path, token: str, running: list[Part]) -> None:
+    """Tell every other ``hcs`` command where this stack runs (``hcs.context``)."""
+    s = settings.scheduler
+    console = f"http://{s.console_host}:{s.console_port}/console/"
+    found = context.Context(
+        bus_url=settings.bus.url,
+        pid=os.getpid(),
+        started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        extender_url=f"https://{s.extender_host}:{s.extender_port}",
+        webhook_url=f"https://{settings.injector.host}:{settings.injector.port}/mutate",
+        console_url=f"{console}?token={token}",
+        console_token=token,
+        logs=str(logs),
+        metrics={p.name: f"http://127.0.0.1:{p.metrics_port}/metrics" for p in running},
+    )
+    where = context.write(found)
+    _log.info("context_written", path=str(where))
+
+
+def _endpoint_lines(settings: Settings, *, logs: Path, certs_dir: Path, token: str) -> list[str]:
     s = settings
-    print(
+    endpoints = (
         f"hcs up: NATS {redact_url(s.bus.url)} | extender https://{s.scheduler.extender_host}:"
         f"{s.scheduler.extender_port}/{{filter,prioritize,bind,preempt}} (mutual TLS: "
         f"kube-scheduler's client certificate {certs_dir / 'client.crt'}) | webhook "
         f"https://{s.injector.host}:{s.injector.port}/mutate (CA {certs_dir / 'ca.crt'}) | "
-        f"logs {state_dir / 'logs'} | alerts: hcs watch 'hcs.health.*' --nats-url {redact_url(s.bus.url)}",
-        flush=True,
+        f"logs {logs} | alerts: hcs watch 'hcs.health.*' --nats-url {redact_url(s.bus.url)}"
     )
     host = s.scheduler.console_host
     console = f"http://{host}:{s.scheduler.console_port}/console/?token={token}"
-    print(f"hcs up: console {console} (read-only, live; the token is this run's)", flush=True)
+    return [endpoints, f"hcs up: console {console} (read-only, live; the token is this run's)"]
 
 
 def _print_metrics(running: list[Part]) -> None:

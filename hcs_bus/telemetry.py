@@ -88,7 +88,7 @@ def configure(settings: TelemetrySettings, *, service: str | None = None) -> Non
     metrics.set_meter_provider(
         MeterProvider(
             resource=resource,
-            metric_readers=[PrometheusMetricReader()],
+            metric_readers=[PrometheusMetricReader(scope_info_enabled=False)],
             exemplar_filter=AlwaysOffExemplarFilter(),
         )
     )

@@ -20,6 +20,14 @@ from hcs_bus.telemetry import configure
 
 
 @pytest.fixture(scope="session", autouse=True)
+def own_state_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every ``hcs up`` a test runs keeps its context file and logs here, never in
+    the user's own ~/.local/state/hcs (a real ``hcs up`` may be running there)."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    os.environ.pop("HCS_CONTEXT", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def telemetry() -> None:
     """Tracing and metrics on, as in production; logs for humans."""
     configure(TelemetrySettings(log_format="console", log_level="warning"), service="hcs-test")
@@ -91,3 +99,62 @@ def _is_library_task(task: asyncio.Task[object]) -> bool:
 
 # Kubernetes: the API-server double and a Kube client on it (tests/apiserver.py).
 from tests.apiserver import apiserver, kube  # noqa: E402, F401
+
+# A three-server JetStream cluster on loopback (tests/cluster_fixture.py).
+from tests.cluster_fixture import cluster_bus, cluster_settings, nats_cluster  # noqa: E402, F401
+
+# -- what did not run -------------------------------------------------------
+
+
+def _tier(report: pytest.TestReport) -> str:
+    """A test's tier: its folder under tests/ (``e2e``, ``cli``, ``scheduler`` …)."""
+    parts = report.nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "tests"
+
+
+def _reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def skipped_by_tier(reports: list[pytest.TestReport]) -> dict[str, dict[str, int]]:
+    """tier → reason → how many tests it skipped."""
+    found: dict[str, dict[str, int]] = {}
+    for report in reports:
+        if report.skipped and not hasattr(report, "wasxfail"):
+            reasons = found.setdefault(_tier(report), {})
+            reasons[_reason(report)] = reasons.get(_reason(report), 0) + 1
+    return dict(sorted(found.items()))
+
+
+def skipped_line(found: dict[str, dict[str, int]]) -> str:
+    if not found:
+        return "skipped tiers: none (every tier ran)"
+    tiers = "; ".join(
+        f"{tier} ({', '.join(f'{n} × {why}' for why, n in reasons.items())})"
+        for tier, reasons in found.items()
+    )
+    return f"skipped tiers: {tiers}"
+
+
+_SKIPPED_LINE = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name every tier that was skipped and why, one row per reason; the very
+    last line of the run says it again (``pytest_unconfigure``)."""
+    found = skipped_by_tier(terminalreporter.stats.get("skipped", []))
+    if found:
+        terminalreporter.section("skipped tiers")
+        for tier, reasons in found.items():
+            for why, count in reasons.items():
+                terminalreporter.line(f"tests/{tier}: {count} skipped: {why}")
+    terminalreporter.config.stash[_SKIPPED_LINE] = skipped_line(found)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    line = config.stash.get(_SKIPPED_LINE, None)
+    if reporter is not None and line is not None:
+        reporter.write_line(line)

@@ -58,14 +58,15 @@ def test_spans_are_exported_over_otlp_and_metrics_are_served(
         bus.DEAD_LETTERS.add(1, {{"subject_family": "hcs.fp"}})
         trace.get_tracer_provider().force_flush()
         page = urllib.request.urlopen("http://127.0.0.1:{metrics_port}/metrics").read().decode()
-        print("DLQ" if "hcs_bus_dead_letters" in page else "NO-DLQ")
+        print("DLQ" if "hcs_bus_dead_letters" in page else "NO-DLQ",
+              "SCOPE-LABELS" if "otel_scope_" in page else "NO-SCOPE-LABELS")
         """
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "DLQ"
+    assert done.stdout.strip() == "DLQ NO-SCOPE-LABELS"  # no empty otel_scope_* labels
     assert any(
         path == "/v1/traces" and "protobuf" in ctype and size > 0 for path, ctype, size in seen
     ), seen

@@ -203,12 +203,41 @@ def _add_device(row: dict[str, Any], node: NodeView, device: DeviceView) -> None
         row["acu_out"] += acu
 
 
+WORST_FIRST = ("failed", "stale", "degraded", "healthy")
+
+
+def health_counts(nodes: Iterable[NodeView]) -> dict[str, int]:
+    """Devices per health state (a stale node's devices are ``stale``)."""
+    counts = {state: 0 for state in HEALTH_STATES}
+    for node in nodes:
+        for device in node.devices.values():
+            counts[_health(node, device)] += 1
+    return counts
+
+
+def health_figure(counts: Mapping[str, int]) -> dict[str, Any]:
+    """The fleet's health as one figure: devices healthy of all devices, and
+    the worst state any device is in ("7/8 healthy, worst: failed"). The same
+    figure in ``hcs top``, its screen and the console."""
+    total = sum(counts.get(state, 0) for state in HEALTH_STATES)
+    healthy = counts.get("healthy", 0)
+    worst = next((s for s in WORST_FIRST if counts.get(s, 0)), None)
+    if total == 0:
+        text = "no devices"
+    elif worst == "healthy":
+        text = f"{healthy}/{total} healthy"
+    else:
+        text = f"{healthy}/{total} healthy, worst: {worst}"
+    return {"healthy": healthy, "total": total, "worst": worst, "text": text}
+
+
 def totals(classes: list[dict[str, Any]], *, nodes: int) -> dict[str, Any]:
     keys = ("devices", *HEALTH_STATES, "vram_total_mib", "vram_reserved_mib", "vram_free_mib")
     out: dict[str, Any] = {"nodes": nodes}
     out |= {k: sum(row[k] for row in classes) for k in (*keys, "vram_out_mib")}
     out |= {k: round(sum(row[k] for row in classes), 1) for k in ("acu_total", "acu_reserved")}
     out["acu_out"] = round(sum(row["acu_out"] for row in classes), 1)
+    out["health"] = health_figure({state: out[state] for state in HEALTH_STATES})
     return out
 
 

@@ -3,7 +3,7 @@
 
 * exports them as Prometheus counters through OpenTelemetry
   (``hcs_usage_device_seconds_total``, ``hcs_usage_acu_seconds_total``,
-  ``hcs_usage_vram_gib_seconds_total`` by namespace, vendor and model: usage
+  ``hcs_usage_vram_byte_seconds_total`` by namespace, vendor and model: usage
   since the oldest allocation the stream holds; a new process starts again
   from the stream, which Prometheus reads as a counter reset) and a gauge
   ``hcs_usage_quota_ratio`` (held / hard, the tighter of VRAM and ACU);
@@ -41,6 +41,7 @@ from scheduler.report import usage_rules as metering
 from scheduler.report.usage_rules import Held, Key, Lifetimes, Usage
 
 _log = logger("hcs.metering")
+BYTES_PER_GIB = 1 << 30  # the VRAM counter is in bytes, as Prometheus names units
 _meters: weakref.WeakSet[Meter] = weakref.WeakSet()
 MAX_SHARE = 1e6  # a share over a zero quota is reported as this, not infinity
 
@@ -267,7 +268,11 @@ _meter = meter("hcs.metering")
 for _name, _pick, _what in (
     ("hcs_usage_device_seconds", lambda u: u.device_s, "device-seconds held"),
     ("hcs_usage_acu_seconds", lambda u: u.acu_s, "ACU-seconds held"),
-    ("hcs_usage_vram_gib_seconds", lambda u: u.vram_gib_s, "VRAM GiB-seconds held"),
+    (
+        "hcs_usage_vram_byte_seconds",
+        lambda u: u.vram_gib_s * BYTES_PER_GIB,
+        "VRAM byte-seconds held",
+    ),
 ):
     _meter.create_observable_counter(_name, callbacks=[_observe(_pick)], description=_what)
 _meter.create_observable_gauge(

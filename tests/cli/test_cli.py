@@ -91,7 +91,8 @@ async def test_top_once_json_shows_the_alerts_and_checkpoints_the_live_view_show
 
     assert done.returncode == 0, done.stderr
     view = json.loads(done.stdout)
-    assert [a["message"] for a in view["alerts"]] == ["Xid 79: fell off the bus", "device 1 failed"]
+    newest_first = ["device 1 failed", "Xid 79: fell off the bus"]
+    assert [a["message"] for a in view["alerts"]] == newest_first
     [job] = view["jobs"]
     assert (job["job"], job["pod"], job["checkpoint"], job["step"]) == (
         "ml/llama",

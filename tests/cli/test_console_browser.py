@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -94,10 +95,20 @@ def test_the_console_shows_the_fleet_and_a_failing_device_without_reload(tmp_pat
         url = _said(out, proc, "hcs up: console ", timeout_s=30)  # with this run's token
         assert "?token=" in url, url
         _wait_answering(url, timeout_s=30)  # the scheduler starts after the URL is printed
+        _screenshot(url, chromium=CHROMIUM, out=tmp_path / "console.png")
         _drive(url, chromium=CHROMIUM, fail=lambda: _fail_device(nats_url, node="gpu-a", device=2))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=40)
+
+
+def _screenshot(url: str, *, chromium: str, out: Path) -> None:
+    """A headless browser's screenshot finishes: the live feed, which never
+    ends, does not hold the page's load open."""
+    argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={out}"]
+    argv += ["--window-size=1280,900", url]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.exists() and out.stat().st_size > 0, done.stderr[-2000:]
 
 
 def _drive(url: str, *, chromium: str, fail: Callable[[], None]) -> None:
@@ -117,8 +128,11 @@ def _drive(url: str, *, chromium: str, fail: Callable[[], None]) -> None:
             page.on(
                 "request", lambda r: None if r.url.startswith(origin) else elsewhere.append(r.url)
             )
-            page.goto(url)
+            page.goto(url, wait_until="networkidle", timeout=20_000)
+            page.screenshot(timeout=10_000)
             _shows_the_fleet(page)
+            devices = page.locator('[data-total="devices"] .big')
+            assert devices.text_content() == "20/20 healthy", devices.text_content()
             page.evaluate("window.__sameDocument = true")
             fail()
             failed = '[data-device="gpu-a/2"][data-health="failed"]'
@@ -129,6 +143,14 @@ def _drive(url: str, *, chromium: str, fail: Callable[[], None]) -> None:
             assert "79" in (alert.first.text_content() or "")
             failed_count = page.locator('#classes tr[data-class="nvidia/A100-80G"] td').nth(4)
             assert failed_count.text_content() == "1"
+            # the fleet's health as hcs top and its screen say it
+            page.wait_for_function(
+                "document.querySelector('[data-total=\"devices\"] .big').textContent"
+                " === '19/20 healthy, worst: failed'",
+                timeout=10_000,
+            )
+            acu = page.locator('[data-total="acu"] .sub').nth(1).text_content() or ""
+            assert re.fullmatch(r"of \d{1,3}(,\d{3})* ACU · \d{1,3}(,\d{3})* out", acu), acu
             assert page.locator("#plot-health canvas").count() >= 1
             assert not problems, problems
             assert not elsewhere, f"the console reached outside its origin: {elsewhere}"

@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from hcs.screen import layout
+from scheduler.console.panels import health_figure
 
 BREAKER = (
     "circuit breaker refused to isolate npu-910b-0: 1 of 6 nodes (17 %) already isolated in the "
@@ -67,6 +68,7 @@ def _summary(nodes: int, *, alerts: int) -> dict[str, Any]:
             "nodes": nodes,
             "devices": 8.0 * nodes,
             "unhealthy_devices": 1.0,
+            "health": health_figure({"healthy": 8 * nodes - 1, "failed": 1}),
             "vram_free_mib": 1e6,
             "vram_total_mib": 2e6,
             "acu": 4800.0,
@@ -82,8 +84,8 @@ def _summary(nodes: int, *, alerts: int) -> dict[str, Any]:
                 "step": 1200,
             }
         ],
-        "alerts": [_alert(n, f"Xid {n}: a message") for n in range(alerts - 1)]
-        + [_alert(99, BREAKER)],
+        "alerts": [_alert(99, BREAKER)]  # newest first
+        + [_alert(n, f"Xid {n}: a message") for n in reversed(range(alerts - 1))],
     }
 
 
@@ -116,6 +118,6 @@ def test_many_nodes_are_summed_up_in_one_row_when_they_do_not_fit() -> None:
 def test_a_larger_terminal_gets_more_columns_rows_and_the_model_table() -> None:
     small = _draw(_summary(6, alerts=12), width=80, height=24)
     large = _draw(_summary(6, alerts=12), width=160, height=50)
-    assert "HEALTH" not in small[1] and "HEALTH" in large[1]
+    assert "SCORE" not in small[1] and "SCORE" in large[1]
     assert "hygon/K100" in "\n".join(large) and len(large) <= 50
     assert sum("Xid" in line for line in large) > sum("Xid" in line for line in small)

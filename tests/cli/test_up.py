@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -141,6 +142,17 @@ def test_hcs_up_runs_every_part_shows_the_fault_and_stops_cleanly(tmp_path: Path
     assert running[1]["resume_from"].startswith("s3://hcs-demo/llama/step-")
     for part in ("agents", "scheduler", "injector", "healer"):
         assert f'"part": "{part}", "code": 0' in err, err[-3000:]
+    # it ends by saying what happened: the Xid storm, the healer's word, one move, checkpoints
+    said = re.search(
+        r"^hcs up: stopped after \d+ s: faults (\d+), verdicts (\d+), actions (\d+), "
+        r"moves (\d+), checkpoints (\d+)$",
+        out,
+        re.M,
+    )
+    assert said, out[-2000:]
+    faults, verdicts, actions, moves, checkpoints = map(int, said.groups())
+    assert faults >= 1 and verdicts >= 1 and actions >= 1, said.group(0)
+    assert moves == 1 and checkpoints >= 2, said.group(0)
     # nothing of the demo outlives the bus (its trainer once failed after the close)
     assert "Traceback" not in err and "Task was destroyed" not in err, err[-3000:]
     assert not _processes_mentioning(str(fleet)), "an agent process was left behind"

@@ -9,16 +9,26 @@ import os
 import pty
 import select
 import signal
-import socket
 import struct
+import subprocess
 import termios
 import time
+from collections.abc import Callable
 
 from tests.cli.running import HCS
 
+LEAVE_SCREEN = "\x1b[?1049l"  # the terminal's own screen again (rich's Live(screen=True))
 
-def _run_on_terminal(*args: str, timeout_s: float, until: str = "") -> tuple[int, str]:
-    """Run ``hcs ARGS`` on a terminal; once ``until`` is on screen, stop it (SIGTERM)."""
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
+
+
+def _run_on_terminal(
+    *args: str, timeout_s: float, until: str = "", then: Callable[[int], None] = _stop
+) -> tuple[int, str]:
+    """Run ``hcs ARGS`` on a terminal; once ``until`` is on screen, call ``then``
+    with its process id (by default: stop it with SIGTERM)."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: a terminal of 80 columns and 24 rows
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HCS_", "NATS_"))}
@@ -39,7 +49,7 @@ def _run_on_terminal(*args: str, timeout_s: float, until: str = "") -> tuple[int
             break
         out += chunk
         if until and until in out.decode(errors="replace"):
-            os.kill(pid, signal.SIGTERM)
+            then(pid)
             until = ""
     else:
         os.kill(pid, 9)
@@ -54,16 +64,27 @@ def test_the_live_screen_is_drawn_without_log_lines_across_it() -> None:
     assert code == 0, screen[-2000:]
     assert "nodes 6  devices 48" in screen, screen[-2000:]
     assert '"event"' not in screen, screen[-2000:]  # no JSON log line on the terminal
+    # under the screen, once it is gone: what happened, where it ran, where its logs stay
+    after = screen[screen.rindex(LEAVE_SCREEN) :]
+    for told in ("hcs up: stopped after", "hcs up: NATS nats://", "hcs up: console http://"):
+        assert told in after, after
+    assert "hcs up: logs kept in " in after, after
+
+
+def _kill_the_injector(up: int) -> None:
+    children = subprocess.run(
+        ["ps", "-o", "pid=,args=", "--ppid", str(up)], capture_output=True, text=True
+    ).stdout
+    injector = next(line for line in children.splitlines() if "-m injector" in line)
+    os.kill(int(injector.split()[0]), signal.SIGKILL)
 
 
 def test_a_failing_part_is_told_after_the_screen_is_gone() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        busy = taken.getsockname()[1]
-        code, screen = _run_on_terminal(
-            "up", "--for", "60", "--no-demo-job", "--webhook", f"127.0.0.1:{busy}", timeout_s=90
-        )
+    code, screen = _run_on_terminal(
+        "up", "--for", "60", "--no-demo-job", timeout_s=90,
+        until="nodes 6  devices 48", then=_kill_the_injector,
+    )  # fmt: skip
     assert code == 1, screen[-2000:]
-    told = screen[screen.rindex("hcs up: part injector exited") :]
-    assert "address already in use" in told.splitlines()[0].lower(), told
+    after = screen[screen.rindex(LEAVE_SCREEN) :]
+    told = after[after.index("hcs up: part injector exited") :]
+    assert told.splitlines()[0].startswith("hcs up: part injector exited with code -9"), told

@@ -288,7 +288,7 @@ async def test_readyz_answers_503_until_the_view_has_replayed(
         async with session.get(f"{base}/healthz") as resp:
             assert resp.status == 200
         async with session.get(f"{base}/metrics") as resp:
-            assert "hcs_scheduler_fragmentation" in await resp.text()
+            assert "hcs_scheduler_fragmentation_ratio" in await resp.text()
     await asyncio.sleep(0)
 
 

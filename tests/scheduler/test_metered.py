@@ -82,7 +82,7 @@ async def test_the_usage_counters_are_exported_for_prometheus(bus: Bus) -> None:
     device = [line for line in lines if line.startswith("hcs_usage_device_seconds_total")]
     assert device and float(device[0].split()[-1]) == 60.0, lines
     assert any(line.startswith("hcs_usage_acu_seconds_total") for line in lines), lines
-    assert any(line.startswith("hcs_usage_vram_gib_seconds_total") for line in lines), lines
+    assert any(line.startswith("hcs_usage_vram_byte_seconds_total") for line in lines), lines
 
 
 async def test_a_namespace_passing_its_quota_share_is_alerted_once(

@@ -31,8 +31,13 @@
     return node;
   }
 
-  const gib = (mib) => (mib / 1024).toLocaleString(undefined, { maximumFractionDigits: 0 });
-  const num = (x) => Number(x).toLocaleString(undefined, { maximumFractionDigits: 1 });
+  // One format per figure, as `hcs top` and its screen write them: ACU and GiB
+  // whole, thousands separated; percentages and readings to one decimal.
+  const WHOLE = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+  const ONE_DECIMAL = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
+  const gib = (mib) => WHOLE.format(mib / 1024);
+  const acu = (x) => WHOLE.format(Number(x));
+  const num = (x) => ONE_DECIMAL.format(Number(x));
   const pct = (part, whole) => (whole > 0 ? (100 * part) / whole : 0);
   const clock = (s) => new Date(s * 1000).toLocaleTimeString();
 
@@ -54,10 +59,10 @@
 
   function renderTotals(t, ov) {
     $("totals").replaceChildren(
-      card("nodes", num(t.nodes), `${ov.nodes_total} in the view`, "nodes"),
-      card("devices", num(t.devices), `${t.healthy} healthy · ${t.degraded} degraded · ${t.failed} failed · ${t.stale} stale`, "devices"),
+      card("nodes", WHOLE.format(t.nodes), `${ov.nodes_total} in the view`, "nodes"),
+      card("devices", t.health.text, `${t.healthy} healthy · ${t.degraded} degraded · ${t.failed} failed · ${t.stale} stale`, "devices"),
       card("VRAM free (GiB)", gib(t.vram_free_mib), `${gib(t.vram_reserved_mib)} reserved · ${gib(t.vram_out_mib)} out of ${gib(t.vram_total_mib)}`, "vram"),
-      card("ACU reserved", num(t.acu_reserved), `of ${num(t.acu_total)} ACU · ${num(t.acu_out)} out`, "acu"),
+      card("ACU reserved", acu(t.acu_reserved), `of ${acu(t.acu_total)} ACU · ${acu(t.acu_out)} out`, "acu"),
     );
   }
 
@@ -71,9 +76,9 @@
       el("td", { className: "num", text: c.stale }),
       el("td", {}, bar(c.vram_reserved_mib, c.vram_total_mib, `${gib(c.vram_reserved_mib)} / ${gib(c.vram_total_mib)} GiB`)),
       el("td", { className: "num", text: `${gib(c.vram_free_mib)} GiB` }),
-      el("td", {}, bar(c.acu_reserved, c.acu_total, `${num(c.acu_reserved)} / ${num(c.acu_total)}`)),
+      el("td", {}, bar(c.acu_reserved, c.acu_total, `${acu(c.acu_reserved)} / ${acu(c.acu_total)}`)),
       el("td", { className: "num", text: `${num(c.utilisation_pct)} %` }),
-      el("td", { className: "muted", text: c.profile ? `${c.profile.tflops_fp16} TFLOPS fp16 · ${c.profile.acu} ACU · ${c.profile.interconnect}` : "unknown model" }),
+      el("td", { className: "muted", text: c.profile ? `${num(c.profile.tflops_fp16)} TFLOPS fp16 · ${acu(c.profile.acu)} ACU · ${c.profile.interconnect}` : "unknown model" }),
     ));
     fill($("classes").tBodies[0], rows, "no devices reported yet");
   }
@@ -89,7 +94,7 @@
     const cards = nodes.map((n) => el("div", { className: "node", "data-node": n.name, "data-state": n.state, onclick: () => select(n.name) },
       el("div", { className: "name", text: n.name }),
       el("div", { className: "meta", text: `${n.classes.join(", ")} · ${n.state}${n.blocked ? ` · no new pods: ${n.blocked}` : ""}` }),
-      el("div", { className: "meta", text: `${gib(n.vram_free_mib)}/${gib(n.vram_total_mib)} GiB free · ${num(n.acu)} ACU · ${n.pods.length} pods` }),
+      el("div", { className: "meta", text: `${gib(n.vram_free_mib)}/${gib(n.vram_total_mib)} GiB free · ${acu(n.acu)} ACU · ${n.pods.length} pods` }),
       el("div", { className: "cells" }, ...n.cells.map((c) => deviceCell(n.name, c))),
     ));
     $("nodes").replaceChildren(...cards);
@@ -117,7 +122,7 @@
       el("td", { text: d.index }), el("td", { text: d.class }), el("td", { text: d.health }),
       el("td", { className: "num", text: d.health_score }),
       el("td", {}, bar(d.vram_reserved_mib, d.vram_total_mib, `${gib(d.vram_reserved_mib)} / ${gib(d.vram_total_mib)} GiB`)),
-      el("td", { className: "num", text: num(d.acu) }),
+      el("td", { className: "num", text: acu(d.acu) }),
       el("td", { className: "num", text: `${num(d.utilisation_pct)} %` }),
       el("td", { className: "num", text: `${num(d.temperature_c)} °C` }),
       el("td", { text: d.owners.join(", ") || "—" }),
@@ -144,16 +149,16 @@
     fill($("jobs").tBodies[0], rows, "no job holds devices");
   }
 
-  function quotaCell(used, hard, pctUsed, unit) {
-    if (hard === null || hard === undefined) return el("td", { text: `${used} ${unit} (no quota)` });
-    return el("td", {}, bar(used, hard, `${used} / ${hard} ${unit} (${pctUsed} %)`));
+  function quotaCell(used, hard, pctUsed, unit, format) {
+    if (hard === null || hard === undefined) return el("td", { text: `${format(used)} ${unit} (no quota)` });
+    return el("td", {}, bar(used, hard, `${format(used)} / ${format(hard)} ${unit} (${num(pctUsed)} %)`));
   }
 
   function renderNamespaces(namespaces) {
     const rows = namespaces.map((n) => el("tr", { "data-namespace": n.namespace },
       el("td", { text: n.namespace }), el("td", { className: "num", text: n.pods }),
-      quotaCell(gib(n.vram_mib), n.vram_mib_hard === null ? null : gib(n.vram_mib_hard), n.vram_pct, "GiB"),
-      quotaCell(num(n.acu), n.acu_hard, n.acu_pct, "ACU")));
+      quotaCell(n.vram_mib, n.vram_mib_hard, n.vram_pct, "GiB", gib),
+      quotaCell(n.acu, n.acu_hard, n.acu_pct, "ACU", acu)));
     fill($("namespaces").tBodies[0], rows, "no namespace holds devices");
   }
 
@@ -227,9 +232,33 @@
         feed.textContent = "needs the console token: open /console/?token=TOKEN";
       }
     });
+    return source;
   }
 
-  connect();
+  // The live feed never ends, so the first picture comes from one plain
+  // request, and the feed starts only after the page has loaded and the
+  // network has been quiet a while: a headless browser waiting for the load
+  // or for network idle (to take a screenshot) sees both happen. The feed is
+  // closed when the page is left, and opened again if the page comes back.
+  const FEED_AFTER_MS = 1500;
+  let feed = null;
+  function start() {
+    if (!feed) feed = connect();
+  }
+  async function firstPicture() {
+    try {
+      const answer = await fetch(API + "overview");
+      if (answer.ok) render(await answer.json());
+    } catch (err) {
+      console.warn("overview", err);
+    }
+  }
+  firstPicture();
+  const later = () => setTimeout(start, FEED_AFTER_MS);
+  if (document.readyState === "complete") later();
+  else window.addEventListener("load", later, { once: true });
+  window.addEventListener("pagehide", () => { if (feed) { feed.close(); feed = null; } });
+  window.addEventListener("pageshow", (event) => { if (event.persisted) start(); });
   refreshHistory();
   setInterval(refreshHistory, HISTORY_EVERY_MS);
   window.hcsConsole = { get overview() { return lastOverview; } };
