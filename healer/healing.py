@@ -6,7 +6,10 @@ node staleness) and ``hcs.alloc.*`` (which pods use which devices). Judges
 every device (``healer.rules``), publishes each changed verdict on
 ``hcs.health._healer_<node>`` (source "healer", ignored when it comes back), and
 applies node plans (``healer.decisions``) through the circuit breaker and the
-``Actor``. A degraded node's jobs are asked to checkpoint before eviction.
+``Actor``. A degraded node's jobs are asked to checkpoint before eviction. A
+victim that is a gang member (``hcs.io/gang``) restarts its gang whole
+(``healer.restarting``): after a checkpoint where a sidecar runs, every
+member is evicted, not the one rank alone.
 
 A new leader starts knowing nothing of what the previous one applied, so it
 reads the Node of every node it learns about from fingerprints and *adopts*
@@ -31,18 +34,19 @@ import dataclasses
 import datetime
 from typing import Any
 
+import nats
 from nats.js.api import DeliverPolicy
 
 from hcs_bus import subjects, tasks, vocabulary
-from hcs_bus.bus import Bus, Consumer, Delivery
-from hcs_bus.errors import HcsError, KubeNotFound, TemporaryError
+from hcs_bus.bus import Bus, Consumer, Delivery, Follower
+from hcs_bus.errors import HcsError, KubeNotFound, PermanentError, TemporaryError
 from hcs_bus.kube import Kube
 from hcs_bus.messages import AllocationEvent, HealthEvent, NodeFingerprint, Telemetry
 from hcs_bus.ordering import FingerprintOrder
 from hcs_bus.settings import HealerSettings
 from hcs_bus.streams import ALLOC, FP, HEALTH
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
-from healer import decisions, rules
+from healer import decisions, restarting, rules
 from healer.acting import Actor, our_condition, our_taint
 from healer.bindings import Bindings
 from healer.breaker import Breaker
@@ -69,6 +73,8 @@ ADOPTED = -2  # history index for a taint found on the Node, applied by a previo
 _READ_CONCURRENCY = 16  # Node reads in flight while adopting
 _EMPTY = Telemetry()
 _YIELD_EVERY = 25  # fingerprints judged between two turns of the event loop
+ISOLATED = "isolated"  # a healer event: an isolation the circuit breaker counted
+HEALTH_BACKOFF_MAX_S = 30.0  # the longest wait between two deliveries of a health batch
 
 
 class Healer:
@@ -99,6 +105,7 @@ class Healer:
             max_fraction=settings.breaker_max_fraction, window_s=settings.breaker_window_s
         )
         self.asker = CheckpointAsker(bus, wait_s=settings.checkpoint_wait_s)
+        self.restarts = restarting.GangRestarts(kube)
         self.fleet = Fleet(self.rules.telemetry)
         self.bindings = Bindings()
         self.histories: dict[str, dict[int, DeviceHistory]] = {}
@@ -116,6 +123,7 @@ class Healer:
         self._acting: set[asyncio.Task[Any]] = set()
         self._leading = asyncio.Lock()
         self._unapplied: set[str] = set()
+        self._judged: dict[int, str] = {}  # HCS_HEALTH sequences judged, not yet acked
         self.read_nodes: set[str] = set()  # Nodes read (and adopted) this leadership term
         self._to_read = asyncio.Event()
         self._seq = 0
@@ -149,6 +157,7 @@ class Healer:
     async def _start_consuming(self) -> None:
         if self._tasks:
             return
+        await self._restore_breaker()
         self.order = FingerprintOrder()  # a new term replays the latest fingerprints
         consumers: list[tuple[str, Consumer[Any]]] = [
             (
@@ -188,7 +197,11 @@ class Healer:
                     batch=200,
                     fetch_timeout_s=0.05,
                     ack_wait_s=60.0,
-                    max_deliver=5,
+                    # a fault is never dropped for an outage, however long: a
+                    # batch whose action the API refused is redelivered, 1 s,
+                    # 2 s, 4 s … at most HEALTH_BACKOFF_MAX_S apart
+                    max_deliver=-1,
+                    backoff_max_s=HEALTH_BACKOFF_MAX_S,
                 ),
             ),
         ]
@@ -229,6 +242,10 @@ class Healer:
             self.bindings.apply(item.value)
 
     async def _on_health(self, items: list[Delivery[HealthEvent]]) -> None:
+        """Judge, decide and act; acked only once every node the batch touched
+        has its plan applied. A refused action (the API away) fails the batch
+        with a TemporaryError: it stays on the bus, redelivered until applied,
+        to a new leader too; events judged already are not judged twice."""
         now = asyncio.get_running_loop().time()
         dirty: set[str] = set()
         publishing: list[Any] = []
@@ -237,6 +254,10 @@ class Healer:
                 event = item.value
                 if event.source == "healer":
                     continue
+                if item.stream_seq in self._judged:  # a redelivery: act, do not count again
+                    dirty.add(event.node)
+                    continue
+                self._judged[item.stream_seq] = event.node
                 index = decisions.history_index(device=event.device, kind=event.kind)
                 history = self._history(event.node, index)
                 judgement = rules.judge(history, event, now=now, rules=self.rules)
@@ -248,11 +269,18 @@ class Healer:
             await asyncio.gather(*(self._reconsider(n, now=now) for n in dirty), *publishing)
             if dirty:
                 REACTION_SECONDS.record(asyncio.get_running_loop().time() - now)
+        except PermanentError:
+            raise
         except HcsError as exc:
             raise TemporaryError(f"health batch: {exc}", delay_s=1.0) from exc
-        except Exception as exc:  # a bug must not kill the loop: redeliver later
+        except Exception as exc:  # a bug must not kill the loop: dead-lettered, replayable
             _log.exception("health_batch_failed", error=repr(exc))
-            raise TemporaryError(f"health batch: {exc!r}", delay_s=2.0) from exc
+            raise PermanentError(f"health batch: {exc!r}") from exc
+        waiting = sorted(dirty & self._unapplied)
+        if waiting:
+            raise TemporaryError(f"not applied yet on {', '.join(waiting[:10])}", delay_s=1.0)
+        for item in items:
+            self._judged.pop(item.stream_seq, None)
 
     async def _on_fps(self, items: list[Delivery[NodeFingerprint]]) -> None:
         now = asyncio.get_running_loop().time()
@@ -432,6 +460,7 @@ class Healer:
             if not decision.allowed:
                 await self._breaker_open(node, plan, reason=decision.reason)
                 return decisions.blocked(plan)
+            await self._publish(node, self._isolation(node), tag="isolated")
         if plan.taint is not None:
             pods = [b.key for b in self._victims(node, plan.evict_now)]
             if plan.taint:
@@ -447,15 +476,35 @@ class Healer:
                 )
         if plan.evict_now:
             victims = self._victims(node, plan.evict_now)
-            await self.actor.evict(victims, reason=f"devices {list(plan.evict_now)} failed")
+            why = f"devices {list(plan.evict_now)} failed"
+            found = await self.restarts.split(victims) if not self.actor.dry_run else None
+            await self.actor.evict(list(found.alone) if found else victims, reason=why)
+            for gang in found.gangs if found else ():
+                self._act(self._restart(gang, reason=f"{why} on {node}"), name=f"gang:{gang.key}")
         if plan.checkpoint_then_evict:
             victims = self._victims(node, plan.checkpoint_then_evict)
-            task = tasks.start(
-                self._checkpoint_then_evict(node, victims), name=f"healer:ckpt:{node}"
-            )
-            self._acting.add(task)
-            task.add_done_callback(self._acting.discard)
+            self._act(self._checkpoint_then_evict(node, victims), name=f"ckpt:{node}")
         return plan.state
+
+    def _act(self, work: Any, *, name: str) -> None:
+        """Start acting in the background (stopped when leadership is lost)."""
+        task = tasks.start(work, name=f"healer:{name}")
+        self._acting.add(task)
+        task.add_done_callback(self._acting.discard)
+
+    async def _restart(self, gang: restarting.Gang, *, reason: str) -> None:
+        """Checkpoint the gang's job where a sidecar runs, then evict every member."""
+        if gang.sidecar and gang.job:
+            await self.asker.checkpoint(gang.namespace, gang.job, reason=reason)
+        restarting.RESTARTS.add(1, {"outcome": "restarted"})
+        _log.warning(
+            "gang_restarting",
+            gang=gang.key,
+            members=[m.key for m in gang.members],
+            checkpointed=gang.sidecar,
+            reason=reason,
+        )
+        await self.actor.evict(list(gang.members), reason=f"gang {gang.key} restarts: {reason}")
 
     def _victims(self, node: str, devices: tuple[int, ...]) -> list[Any]:
         """Pods on ``devices``; every HCS pod of the node when the whole node
@@ -465,16 +514,69 @@ class Healer:
         return self.bindings.on_devices(node, devices)
 
     async def _checkpoint_then_evict(self, node: str, victims: list[Any]) -> None:
+        """Checkpoint, then evict; a gang member's gang is evicted whole."""
         if not victims:
             return
         await self.asker.checkpoint_all(victims, reason=f"node {node} degraded")
         if self.nodes.get(node, decisions.NodeState()).verdict == "healthy":
             _log.info("degraded_eviction_cancelled", node=node)
             return
-        await self.actor.evict(victims, reason=f"node {node} degraded")
+        found = await self.restarts.split(victims) if not self.actor.dry_run else None
+        await self.actor.evict(
+            list(found.alone) if found else victims, reason=f"node {node} degraded"
+        )
+        for gang in found.gangs if found else ():
+            reason = f"gang {gang.key} restarts: node {node} degraded"
+            await self.actor.evict(list(gang.members), reason=reason)
 
     def _known_nodes(self) -> int:
         return max(len(self.fleet.nodes), len(self.nodes))
+
+    def _isolation(self, node: str) -> HealthEvent:
+        """The record of an isolation the breaker counted (``ISOLATED``): the
+        breaker's window lives on the bus, so a new leader starts with it."""
+        return HealthEvent(
+            node=node,
+            kind=ISOLATED,
+            severity="info",
+            source="healer",
+            time_s=_wall(),
+            evidence={"breaker_window_s": f"{self.breaker.window_s:g}"},
+            message=f"isolated {node}: counted by the circuit breaker",
+        )
+
+    async def _restore_breaker(self) -> None:
+        """Count again the isolations the breaker's window still holds, from
+        the ``ISOLATED`` records on HCS_HEALTH (whoever led when they were made)."""
+        loop = asyncio.get_running_loop()
+        window_s = self.breaker.window_s
+        since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=window_s)
+        wall_now, loop_now = _wall(), loop.time()
+        self.breaker = Breaker(max_fraction=self.breaker.max_fraction, window_s=window_s)
+
+        def record(item: Delivery[HealthEvent]) -> None:
+            event = item.value
+            if event.kind == ISOLATED and subjects.is_healer_health(item.subject):
+                at = item.received_s or event.time_s
+                self.breaker.record(event.node, now=loop_now - max(0.0, wall_now - at))
+
+        follower = Follower(
+            self.bus,
+            stream=HEALTH,
+            subject=subjects.HEALTH_ALL,
+            kind=HealthEvent,
+            handle=record,
+            deliver=DeliverPolicy.BY_START_TIME,
+            opt_start_time=since,
+        )
+        try:
+            await follower.start()
+            await asyncio.wait_for(follower.caught_up.wait(), timeout=60.0)
+        except (HcsError, TimeoutError, nats.errors.Error) as exc:
+            _log.error("breaker_not_restored", error=repr(exc))
+        finally:
+            await follower.stop()
+        _log.info("breaker_restored", isolated=self.breaker.isolated(now=loop_now))
 
     async def _breaker_open(self, node: str, plan: decisions.NodePlan, *, reason: str) -> None:
         _log.error("breaker_open", node=node, verdict=plan.state.verdict, reason=reason)

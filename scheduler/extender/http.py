@@ -70,6 +70,10 @@ CALLS = _meter.create_counter("hcs_extender_calls", description="extender calls 
 REFUSALS = _meter.create_counter(
     "hcs_extender_refusals", description="extender calls refused (HTTP 4xx), by verb and reason"
 )
+GANGS_SPARED = _meter.create_counter(
+    "hcs_extender_gangs_spared",
+    description="preemption candidate nodes dropped: their victims would take part of a gang",
+)
 SECONDS = _meter.create_histogram(
     "hcs_extender_seconds",
     unit="s",
@@ -453,19 +457,27 @@ class Extender:
         if isinstance(demand, str):
             return wire.ExtenderPreemptionResult()
         out: dict[str, wire.MetaVictims] = {}
+        members = self._gang_members()
+        ganged = {p for pods in members.values() for p in pods}
         for count, (name, victims) in enumerate(candidates.items(), start=1):
             if count % CHUNK == 0:
                 await asyncio.sleep(0)
             node = self.view.state.nodes.get(name)
             if node is None or not node.schedulable:
                 continue
+            doc = self.view.state.reservations_of(name)
+            keys = {
+                r.pod.uid: f"{r.pod.namespace}/{r.pod.name}"
+                for r in (doc.reservations if doc else ())
+            }
             already = {p.uid for p in victims.pods}
             extra = placing.victims_for(
                 node,
-                self.view.state.reservations_of(name),
+                doc,
                 demand,
                 priority=pod.priority,
                 already=already,
+                spared={uid for uid, key in keys.items() if key in ganged},
             )
             if extra is None:
                 continue
@@ -473,8 +485,24 @@ class Extender:
                 *victims.pods,
                 *(wire.MetaPod(uid=r.pod.uid) for r in extra if r.pod.uid not in already),
             ]
+            split = placing.split_gang({keys[p.uid] for p in pods if p.uid in keys}, members)
+            if split:
+                GANGS_SPARED.add(1)
+                _log.info("preemption_would_split_gang", node=name, gang=split, pod=pod.ref.name)
+                continue
             out[name] = wire.MetaVictims(pods=pods, pdb_violations=victims.pdb_violations)
         return wire.ExtenderPreemptionResult(meta_victims=out)
+
+    def _gang_members(self) -> dict[str, frozenset[str]]:
+        """The member pods (namespace/name) of each pledged gang, by its key."""
+        pledger = self.planner.pledger
+        if pledger is None:
+            return {}
+        return {
+            record.key: frozenset(f"{record.namespace}/{r.pod}" for r in record.ranks)
+            for record, _ in pledger.gangs.all()
+            if record.state == "pledged"
+        }
 
     # -- probes -----------------------------------------------------------
     async def healthz(self, _request: web.Request) -> web.Response:

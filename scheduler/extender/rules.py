@@ -22,7 +22,8 @@
     slice, ACU for a whole device) — a T4-sized request scores low on an H200;
   - ``topology``: minimum pairwise bandwidth of the chosen set relative to
     the best node scored in the same call (1 for single devices).
-* ``victims_for`` — lowest priority first, never equal or higher priority.
+* ``victims_for`` — lowest priority first, never equal or higher priority,
+  never a gang member (``split_gang``: a gang goes whole or not at all).
 * ``fragmentation`` — share of free VRAM in pieces too small for a typical
   request.
 """
@@ -30,7 +31,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hcs_bus.messages import DeviceSlice, NodeReservations, Reservation
@@ -341,16 +342,20 @@ def victims_for(
     *,
     priority: int,
     already: set[str],
+    spared: Collection[str] = (),
 ) -> list[Reservation] | None:
     """The fewest lowest-priority reservations whose removal (with the pods
     kube-scheduler already chose, ``already`` UIDs) lets ``demand`` fit; None
-    when no set of strictly lower-priority victims helps."""
+    when no set of strictly lower-priority victims helps. The pods ``spared``
+    (UIDs: gang members, which go whole or not at all) are never chosen."""
     held = doc.reservations if doc is not None else ()
     keep = [r for r in held if r.pod.uid not in already]
     if check_node(booked(node, _doc(node.name, keep)), demand).ok:
         return []
     indices = {d.index for d in node.devices.values() if device_class(d) == demand.key}
-    pool = [r for r in keep if r.priority < priority and _holds(r, indices)]
+    pool = [
+        r for r in keep if r.priority < priority and _holds(r, indices) and r.pod.uid not in spared
+    ]
     pool.sort(key=lambda r: (r.priority, -r.time_s))
     chosen: list[Reservation] = []
     for victim in pool:
@@ -358,6 +363,18 @@ def victims_for(
         if _fits_without(node, keep, chosen, demand):
             return _trim(node, keep, chosen, demand)
     return None
+
+
+def split_gang(victims: Collection[str], gangs: Mapping[str, Collection[str]]) -> str:
+    """The first gang (by key) of which ``victims`` (pod keys, namespace/name)
+    hold some members but not all; "" when every gang is taken whole or not
+    at all (``gangs``: each gang's member pod keys)."""
+    chosen = set(victims)
+    for key in sorted(gangs):
+        members = set(gangs[key])
+        if members & chosen and not members <= chosen:
+            return key
+    return ""
 
 
 def _holds(reservation: Reservation, indices: set[int]) -> bool:

@@ -18,6 +18,9 @@ scheduler (from the API server's watch cache) and, per gang record
 * **pledged**: each member still behind HCS's gate is patched (gate lifted,
   ``hcs.io/pledge`` its rank's pledge). The patch tests the gate first, so
   it lands once whoever sends it;
+* pledged, and a member behind HCS's gate came after the pledge (the gang's
+  members were replaced: the healer restarted it): back to pinned, its
+  pledges dropped, so it is pledged again whole (``records.restarted``);
 * its members all gone or finished (a pinned record ``grace_s`` after it was
   made, so a gang whose pods are still being created keeps it): deleted.
 """
@@ -57,6 +60,7 @@ GANGS = zero_init(
     {"outcome": "waiting"},
     {"outcome": "lost_race"},
     {"outcome": "released"},
+    {"outcome": "restarted"},
 )
 FINISHED = ("Succeeded", "Failed")
 
@@ -144,6 +148,8 @@ class GangLoop:
             live = members.get(record.key, [])
             if not live:
                 await self._release(record, revision)
+            elif records.restarted(record, live):
+                await self._reset(record, revision)
             elif record.state == "pledged":
                 await self._ungate(record, live)
             else:
@@ -259,6 +265,29 @@ class GangLoop:
                 pass  # lifted by another replica meanwhile, or gone
             except HcsError as exc:
                 _log.warning("gang_ungate_failed", pod=_name(pod), error=str(exc))
+
+    # -- restarted gangs --------------------------------------------------
+    async def _reset(self, record: GangRecord, revision: int) -> None:
+        """A pledged gang whose members were replaced waits again, whole."""
+
+        def decide(found: GangRecord | None) -> kvcas.Change[GangRecord, bool]:
+            if found is None or found != record:
+                return kvcas.Keep(False)
+            return kvcas.Put(records.reset(found), True)
+
+        done = await kvcas.update(
+            self.kv,
+            record.key,
+            decide,
+            decode=records.DECODER.decode,
+            encode=records.ENCODER.encode,
+            known=kvcas.Read(record, revision),
+            seen=lambda read: self._seen(record.key, read),
+        )
+        if done:
+            GANGS.add(1, {"outcome": "restarted"})
+            _log.info("gang_restarted", gang=record.key, vendor=record.vendor, model=record.model)
+            self._told.pop(record.key, None)
 
     # -- ended gangs ------------------------------------------------------
     async def _release(self, record: GangRecord, revision: int) -> None:

@@ -7,6 +7,8 @@ Life of a record::
     pinned (first member's admission: its class)
        └─ every member there, the gang fits whole ──▶ pledged (one pledge per rank)
     pinned or pledged ── members all gone or finished ──▶ deleted
+    pinned ── its class cannot hold it, another can (substitution allow) ──▶ pinned there
+    pledged ── a member came after the pledge (the gang restarted) ──▶ pinned again
 
 The first member admitted decides the class (``pin``): the class the whole
 gang fits on now, else (it waits) the class where it could ever fit with
@@ -18,6 +20,7 @@ pledges, the extender lets each member pass only on its rank's node.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -66,6 +69,9 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True, tag="gang", tag_fiel
     policy: Policy | None = None
     group: str = ""  # the network group of the plan ("" none, or not pledged yet)
     ranks: tuple[RankPledge, ...] = ()
+    # the resume point every rank of this pledge binds with (``hcs.io/resume-from``):
+    # None until the first rank's bind resolves it, "" when there is none
+    resume_from: str | None = None
     v: int = 1
 
     @property
@@ -338,6 +344,70 @@ def with_placed(state: ClusterState, ranks: Iterable[RankPledge]) -> ClusterStat
     copy = ClusterState()
     copy.nodes = ganging.copies(state, placed_of(ranks))
     return copy
+
+
+# --------------------------------------------------------------- moving --
+
+
+def moved(record: GangRecord, *, vendor: str, model: str) -> GangRecord:
+    """A waiting record pinned to another class (its age kept: its place in
+    the admit order stays)."""
+    return msgspec.structs.replace(
+        record,
+        vendor=vendor,
+        model=model,
+        library=ganging.library_of(vendor),
+        state="pinned",
+        group="",
+        ranks=(),
+        resume_from=None,
+    )
+
+
+def reset(record: GangRecord) -> GangRecord:
+    """A pledged record waiting again on its class (its members restart):
+    no ranks, no pledges, its resume point resolved again at the next bind."""
+    return msgspec.structs.replace(record, state="pinned", group="", ranks=(), resume_from=None)
+
+
+def resumed(record: GangRecord, uri: str) -> GangRecord:
+    """``record`` with the resume point its ranks bind with."""
+    return msgspec.structs.replace(record, resume_from=uri)
+
+
+def restarted(record: GangRecord, live: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a pledged gang's members are new: one of ``live`` is behind
+    HCS's gate and is no rank of the pledge, or was created in a later second
+    than the pledge was made (a same-named replacement). Its ranks were taken
+    from the members there at the pledge, so such a member is a replacement:
+    the gang restarts and is pledged again whole."""
+    if record.state != "pledged" or not record.ranks:
+        return False
+    pledged_s = int(max(r.pledge.time_s for r in record.ranks))
+    for pod in live:
+        if GATE not in gates_of(pod):
+            continue
+        meta = pod.get("metadata") or {}
+        if record.rank_of(str(meta.get("name") or "")) is None:
+            return True
+        created = created_s(pod)
+        if created is not None and created > pledged_s:
+            return True
+    return False
+
+
+def created_s(pod: Mapping[str, Any]) -> int | None:
+    """The pod's ``metadata.creationTimestamp`` in Unix seconds (None when absent or unreadable)."""
+    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp())
 
 
 # ------------------------------------------------------------------ pods --

@@ -2,7 +2,9 @@
 wakes every pending HCS pod (kube-scheduler parked those whose extender
 calls failed during an outage), then every ``stranding_scan_s`` takes the
 pending HCS pods, wakes those of classes that gained room, and re-plans the
-ones stranded longer than ``replan_after_s``. The pending pods are read from
+ones stranded longer than ``replan_after_s``; a waiting gang moves whole
+(``replanning.gang_move``: its record pinned to the new class by
+compare-and-set, then each member re-planned as a stranded pod is). The pending pods are read from
 ``pending_pods`` (kept by the pod watch, ``scheduler.replan.pending_pods``) while it
 is synced; without it, or until it is (startup, a watch re-opened), they are
 listed from the API server's watch cache.
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hcs_bus import vocabulary
+from hcs_bus import kvcas, vocabulary
 from hcs_bus.errors import (
     HcsError,
     KubeConflict,
@@ -39,7 +41,9 @@ from hcs_bus.errors import (
     KubeUnavailable,
 )
 from hcs_bus.telemetry import logger, meter
+from scheduler.plan import gang_records
 from scheduler.plan import rules as planning
+from scheduler.plan.gang_records import GangRecord
 from scheduler.plan.service import Planner
 from scheduler.replan import rules as replanning
 from scheduler.replan.pending_pods import PendingPods
@@ -102,6 +106,7 @@ class Stranding:
     create_retries_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)  # waits between create tries
     clock: Callable[[], float] = field(default_factory=lambda: asyncio.get_running_loop().time)
     stranded_since: replanning.Clock = field(default_factory=replanning.Clock)
+    gangs_since: replanning.Clock = field(default_factory=replanning.Clock)  # gangs to move
     waker: replanning.Waker | None = None
     pending_pods: PendingPods | None = None  # kept by the pod watch; listed without
     scans: int = 0
@@ -150,13 +155,90 @@ class Stranding:
         woken = 0
         for pod in self.waker.pick(pods, classes=classes, now=now):
             woken += await self.wake(pod)
-        found = [s for p in pods if (s := await self._stranded(p, summary)) is not None]
+        alone, members = replanning.by_gang(pods)
+        found = [s for p in alone if (s := await self._stranded(p, summary)) is not None]
         replanned = 0
         for item in self.stranded_since.due(found, now=now, after_s=self.replan_after_s):
             if await self.replan(item):
                 self.stranded_since.acted(item)
                 replanned += 1
+        moves = self._gang_moves(members)
+        for move in self.gangs_since.due(moves, now=now, after_s=self.replan_after_s):
+            moved = await self.move(move)
+            if moved:
+                self.gangs_since.acted(move)
+                replanned += moved
         return woken, replanned
+
+    def _gang_moves(self, members: dict[str, list[Pending]]) -> list[replanning.GangMove]:
+        """The waiting gangs to move whole (``replanning.gang_move``), each
+        planned with what the pledged ranks of other gangs take."""
+        pledger = self.planner.pledger
+        if not members or pledger is None:
+            return []
+        known = [r for r, _ in pledger.gangs.all()]
+        placed = gang_records.outstanding_ranks(known, reserved=self.planner.summary().pledge_ids)
+        state = gang_records.with_placed(self.planner.state, placed)
+        held = gang_records.without(self.planner.held(), placed)
+        out = []
+        for key, pods in sorted(members.items()):
+            found = pledger.gangs.get(key)
+            if found is None:
+                continue
+            move = replanning.gang_move(
+                found[0], pods, state=state, held=held, profiles=self.planner.profiles
+            )
+            if move is not None:
+                out.append(move)
+        return out
+
+    async def move(self, move: replanning.GangMove) -> int:
+        """Pin the gang's record to its new class (compare-and-set: it must be
+        the record the decision read), then admit every member again there.
+        How many members were re-planned; 0 when the record changed meanwhile."""
+        pledger = self.planner.pledger
+        assert pledger is not None
+        known = pledger.gangs.get(move.key)
+
+        def decide(
+            found: GangRecord | None,
+        ) -> kvcas.Change[GangRecord, GangRecord | None]:
+            if found is None or found != move.record:
+                return kvcas.Keep(None)
+            done = gang_records.moved(found, vendor=move.vendor, model=move.model)
+            return kvcas.Put(done, done)
+
+        def seen(read: kvcas.Read[GangRecord]) -> None:
+            if read.value is not None and read.revision is not None:
+                pledger.gangs.apply(
+                    move.key, gang_records.ENCODER.encode(read.value), read.revision
+                )
+
+        written = await kvcas.update(
+            pledger.kv,
+            move.key,
+            decide,
+            decode=gang_records.DECODER.decode,
+            encode=gang_records.ENCODER.encode,
+            known=kvcas.Read(known[0], known[1]) if known is not None else None,
+            seen=seen,
+        )
+        if written is None:
+            _log.info("gang_move_lost", gang=move.key, target=move.target)
+            return 0
+        REPLANNED.add(1, {"action": "gang"})
+        _log.warning(
+            "gang_replanned",
+            gang=move.key,
+            source=move.record.class_key,
+            target=move.target,
+            members=len(move.members),
+            reason=move.reason,
+        )
+        done = 0
+        for item in move.stranded():
+            done += await self.replan(item)
+        return max(done, 1)
 
     async def _stranded(self, pod: Pending, summary: planning.Summary) -> Stranded | None:
         if replanning.fits_class(pod.plan, summary):

@@ -15,6 +15,13 @@ vendor/model class was fixed at admission (a required node affinity), so:
   unless it asks for ``hcs.io/replan: recreate``: then it is deleted and
   created again from the copy the injector kept of it as submitted
   (``hcs.io/submitted``; ``recreation`` builds the new pod).
+- **gang members** (``hcs.io/gang``) are never re-planned one by one: the
+  ranks of one job must share a class. A gang still waiting (its record
+  ``pinned``, nothing pledged) whose pinned class cannot hold it whole while
+  another class can is *moved* (``gang_move``), only when its policy's
+  ``substitution`` is ``allow``: its record is pinned to the new class, then
+  every member is evicted or re-created (as above) and admitted again on it.
+  A gang with a bare member that cannot be re-created is not moved at all.
 - **parked**: kube-scheduler keeps a pod whose extender call failed in its
   unschedulable queue until a pod or node update event or a 5-minute flush.
   After the scheduler becomes ready, and whenever a class gains free
@@ -25,14 +32,20 @@ vendor/model class was fixed at admission (a required node affinity), so:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from hcs_bus import vocabulary
 from hcs_bus.messages import Plan, PlanRequest, PodRef, Policy, Requests
+from hcs_bus.profiles import ProfileDB
+from scheduler.ledger.pledge_rules import Held
+from scheduler.plan import gang_records as gangs
+from scheduler.plan import gang_rules as ganging
 from scheduler.plan import rules as planning
+from scheduler.plan.gang_records import GangRecord
 from scheduler.plan.pods import BadPod, PlanAnnotation, pod_info_from_dict
+from scheduler.view.state import ClusterState
 
 CONDITION = "HCSStranded"
 EVENT_REASON = "HCSStranded"
@@ -50,6 +63,7 @@ class Pending:
     policy: Policy
     owner: str | None  # "ReplicaSet/web-5d8f" for a pod with a controller
     recreate: bool = False  # asks for hcs.io/replan: recreate and has its copy
+    gang: str = ""  # its gang's record key (``hcs.io/gang``); "" for a pod of none
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +74,19 @@ class Stranded:
 
     @property
     def action(self) -> Action:
-        if self.pod.owner:
-            return "evict"
-        return "recreate" if self.pod.recreate else "report"
+        return action_of(self.pod)
+
+    @property
+    def key(self) -> str:
+        return uid_key(self.pod.ref)
+
+
+def action_of(pod: Pending) -> Action:
+    """How a pod is planned afresh: evicted (its controller re-creates it),
+    re-created as submitted, or only told (a bare pod)."""
+    if pod.owner:
+        return "evict"
+    return "recreate" if pod.recreate else "report"
 
 
 def pending(pod: dict[str, Any], *, scheduler_name: str) -> Pending | None:
@@ -88,6 +112,7 @@ def pending(pod: dict[str, Any], *, scheduler_name: str) -> Pending | None:
         policy=info.policy,
         owner=controller(meta),
         recreate=recreatable(meta),
+        gang=gangs.gang_key_of(pod),
     )
 
 
@@ -146,8 +171,8 @@ def fits_class(plan: PlanAnnotation, summary: planning.Summary) -> bool:
 
 def request_of(pod: Pending) -> PlanRequest | None:
     """The dry-run plan request a stranded check asks for ``pod``: only when it
-    has requests to plan from and its class cannot hold it now."""
-    if pod.requests is None:
+    has requests to plan from and is no gang member (``gang_move`` moves those)."""
+    if pod.requests is None or pod.gang:
         return None
     return PlanRequest(
         namespace=pod.ref.namespace,
@@ -161,8 +186,8 @@ def request_of(pod: Pending) -> PlanRequest | None:
 def stranded(pod: Pending, *, fresh: Plan, summary: planning.Summary) -> Stranded | None:
     """Whether ``pod`` is stranded now: no node of its class can hold it, and
     ``fresh`` (the plan its requests and policy get today) names another class
-    where a node has room."""
-    if fits_class(pod.plan, summary):
+    where a node has room. A gang member never is: its gang moves whole or not at all."""
+    if pod.gang or fits_class(pod.plan, summary):
         return None
     target = f"{fresh.vendor}/{fresh.model}"
     if not fresh.ok or not fresh.vendor or target == pod.plan.key:
@@ -180,6 +205,94 @@ def stranded(pod: Pending, *, fresh: Plan, summary: planning.Summary) -> Strande
     return Stranded(pod=pod, target=target, reason=reason)
 
 
+@dataclass(frozen=True, slots=True)
+class GangMove:
+    """A waiting gang to pin to ``vendor/model`` and admit again, every member."""
+
+    record: GangRecord
+    members: tuple[Pending, ...]
+    vendor: str
+    model: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return self.record.key
+
+    @property
+    def target(self) -> str:
+        return f"{self.vendor}/{self.model}"
+
+    def stranded(self) -> list[Stranded]:
+        """One re-planning per member (those not admitted on the new class yet)."""
+        return [
+            Stranded(pod=m, target=self.target, reason=self.reason)
+            for m in self.members
+            if m.plan.key != self.target
+        ]
+
+
+def gang_move(
+    record: GangRecord,
+    members: Iterable[Pending],
+    *,
+    state: ClusterState,
+    held: Mapping[str, Held],
+    profiles: ProfileDB | None = None,
+) -> GangMove | None:
+    """Whether a waiting gang moves, whole, to another class: its record is
+    ``pinned``, its policy allows substitution, its pinned class cannot hold
+    the whole gang now (``plan_gang``), another class can, and every member
+    present can be admitted again (evicted for its controller, or re-created).
+    ``state`` and ``held`` count what other gangs' pledged ranks take."""
+    found = tuple(members)
+    policy = record.policy or Policy()
+    if record.state != "pinned" or record.requests is None or not found:
+        return None
+    if policy.substitution != "allow" or any(action_of(m) == "report" for m in found):
+        return None
+    gang = gangs.gang_of(record.key, size=record.size, requests=record.requests, policy=policy)
+    here = gangs.pinned_to(gang, vendor=record.vendor, model=record.model)
+    if ganging.plan_gang(state, here, held=held, profiles=profiles).ok:
+        return None  # it fits where it is pinned: the gang loop pledges it
+    fresh = ganging.plan_gang(state, gang, held=held, profiles=profiles)
+    if not fresh.ok:
+        return None
+    for key in fresh.classes:
+        vendor, _, model = key.partition("/")
+        if key == record.class_key:
+            continue
+        there = gangs.pinned_to(gang, vendor=vendor, model=model)
+        if ganging.plan_gang(state, there, held=held, profiles=profiles).ok:
+            reason = (
+                f"gang {record.namespace}/{record.job}: {record.class_key} cannot hold its "
+                f"{record.size} ranks while {key} can (substitution: allow); every member is "
+                "planned again there"
+            )
+            return GangMove(record=record, members=found, vendor=vendor, model=model, reason=reason)
+    return None
+
+
+def by_gang(pods: Iterable[Pending]) -> tuple[list[Pending], dict[str, list[Pending]]]:
+    """The pods of no gang, and the gang members by their gang's record key."""
+    alone: list[Pending] = []
+    members: dict[str, list[Pending]] = {}
+    for pod in pods:
+        if pod.gang:
+            members.setdefault(pod.gang, []).append(pod)
+        else:
+            alone.append(pod)
+    return alone, members
+
+
+class _Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
+
+
+K = TypeVar("K", bound=_Keyed)
+
+
 @dataclass(slots=True)
 class Clock:
     """Since when each pod has been stranded without a break (loop time), and
@@ -188,13 +301,13 @@ class Clock:
     since: dict[str, float] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
 
-    def due(self, found: Iterable[Stranded], *, now: float, after_s: float) -> list[Stranded]:
-        """The stranded pods whose deadline has passed and that were not acted
-        on; a pod no longer stranded starts again from zero next time."""
+    def due(self, found: Iterable[K], *, now: float, after_s: float) -> list[K]:
+        """The stranded pods (or gangs) whose deadline has passed and that were
+        not acted on; one no longer stranded starts again from zero next time."""
         seen: dict[str, float] = {}
-        out: list[Stranded] = []
+        out: list[K] = []
         for item in found:
-            key = uid_key(item.pod.ref)
+            key = item.key
             seen[key] = self.since.get(key, now)
             if now - seen[key] >= after_s and key not in self.done:
                 out.append(item)
@@ -202,8 +315,8 @@ class Clock:
         self.done &= set(seen)
         return out
 
-    def acted(self, item: Stranded) -> None:
-        self.done.add(uid_key(item.pod.ref))
+    def acted(self, item: _Keyed) -> None:
+        self.done.add(item.key)
 
 
 def uid_key(ref: PodRef) -> str:

@@ -5,13 +5,17 @@ network group; then every rank is pledged at once and bound there."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from hcs_bus import vocabulary
+import pytest
+
+from hcs_bus import checkpoint, vocabulary
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.conftest import FLEET
 from tests.e2e.stack import Stack
+from tests.e2e.test_healing import _fingerprint_index, _xid_79
 from tests.e2e.workloads import Workloads, fleet_labelled, pod_spec
 
 A100 = {"hcs.io/models": "A100-80G"}
@@ -19,7 +23,7 @@ ONE_DEVICE = {"ai.compute/devices": "1"}
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 
 
-def _job(work: Workloads, name: str, *, ranks: int) -> dict[str, Any]:
+def _job(work: Workloads, name: str, *, ranks: int, backoff: int = 0) -> dict[str, Any]:
     body = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -28,7 +32,7 @@ def _job(work: Workloads, name: str, *, ranks: int) -> dict[str, Any]:
             "completions": ranks,
             "parallelism": ranks,
             "completionMode": "Indexed",
-            "backoffLimit": 0,
+            "backoffLimit": backoff,
             # no hcs.io/job-size: the injector reads the Job's parallelism
             "template": {"spec": pod_spec(ONE_DEVICE, restartPolicy="Never")},
         },
@@ -196,3 +200,47 @@ def test_a_gang_held_by_a_foreign_gate_is_planned_only_once_that_gate_is_lifted(
         explain=lambda: work.explain(names[0]),
     )
     assert len({group for _, group in _groups(work, bound)}) == 1
+
+
+@pytest.mark.faults
+def test_a_fatal_fault_on_one_ranks_device_restarts_every_rank_from_one_checkpoint(
+    stack: Stack, work: Workloads
+) -> None:
+    fleet_labelled(work, FLEET)
+    job = _job(work, "ring", ranks=4, backoff=8)
+    old = _all_bound(work, "ring", ranks=4, timeout_s=60)
+    old_uids = {p["metadata"]["uid"] for p in old}
+    uri = f"s3://ckpt/{work.namespace}/ring/step-500"
+    run = job["metadata"]["uid"]  # a Job's run: its UID
+    stack.on_bus(
+        lambda bus: checkpoint.report(
+            bus, namespace=work.namespace, job="ring", run=run, uri=uri, step=500
+        )
+    )
+    victim = old[2]
+    node = victim["spec"]["nodeName"]
+    device = victim["metadata"]["annotations"]["hcs.io/devices"].split(",")[0]
+    _xid_79(stack, node, device=_fingerprint_index(stack, node, device))
+
+    def replaced() -> list[dict[str, Any]] | None:
+        pods = [p for p in _members(work, "ring") if p["metadata"]["uid"] not in old_uids]
+        bound = _bound([p for p in pods if not p["metadata"].get("deletionTimestamp")])
+        return bound if len(bound) == 4 else None
+
+    new = wait_for(
+        replaced,
+        what="four new ranks bound after the fault",
+        timeout_s=120,
+        explain=lambda: str([work.explain(p["metadata"]["name"]) for p in _members(work, "ring")]),
+    )
+    live = [p for p in _members(work, "ring") if not p["metadata"].get("deletionTimestamp")]
+    assert not [
+        p
+        for p in live
+        if p["metadata"]["uid"] in old_uids
+        and p["status"].get("phase") not in ("Failed", "Succeeded")
+    ], "a rank of the old gang kept running"
+    points = {p["metadata"]["annotations"].get(vocabulary.RESUME_FROM) for p in new}
+    assert points == {uri}, points
+    classes = {json.loads(p["metadata"]["annotations"][vocabulary.PLAN])["model"] for p in new}
+    assert len(classes) == 1, classes
