@@ -18,7 +18,10 @@ time (``received_s``), the clock staleness is judged on.
 For a ``Consumer`` the error type decides the ack: ``TemporaryError`` →
 ``nak(delay)``; ``PermanentError`` → dead letter + ``term``; on a message's
 last delivery (``max_deliver``) a failing batch is retried one message at a
-time, so only the culprit is buried. Any other exception kills the loop
+time, so only the culprit is buried. ``max_deliver=-1`` retries a temporary
+failure without limit; with ``backoff_max_s`` each redelivery waits twice as
+long as the one before (from the error's ``delay_s``), up to that cap. A
+durable consumer found with another ``max_deliver`` is updated to this one. Any other exception kills the loop
 after its batch is settled; ``hcs_bus.tasks.supervised`` starts it again
 (``hcs_task_restarts``).
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from hcs_bus import clocks, identity, messages, tasks
 from hcs_bus.deadletters import MAX_MESSAGE_BYTES, decode_or_reason, origin
@@ -105,8 +110,10 @@ class Consumer(Generic[T]):
         clock_skew_tolerance_s: float = clocks.DEFAULT_CLOCK_SKEW_TOLERANCE_S,
         retry_delay_s: float = 1.0,
         restart_backoff_s: float = 0.5,
+        backoff_max_s: float | None = None,
     ) -> None:
         self.bus = bus
+        self.backoff_max_s = backoff_max_s
         self.opt_start_time = opt_start_time
         self.stream = stream
         self.kind = kind
@@ -146,12 +153,26 @@ class Consumer(Generic[T]):
             opt_start_time=self.opt_start_time,
             inactive_threshold=None if self.durable else 300.0,
         )
+        if self.durable:
+            await self._update_durable(config)
         self._sub = await self.bus.js.pull_subscribe(
             self.filter_subject or "", durable=self.durable, stream=self.stream, config=config
         )
         info = await self._sub.consumer_info()
         if info.num_pending == 0:
             self.caught_up.set()
+
+    async def _update_durable(self, config: ConsumerConfig) -> None:
+        """A durable made with another ``max_deliver`` (an older release) takes ours."""
+        assert self.durable is not None
+        try:
+            info = await self.bus.js.consumer_info(self.stream, self.durable)
+        except NotFoundError:
+            return
+        if info.config.max_deliver != self.max_deliver:
+            wanted = dataclasses.replace(info.config, max_deliver=self.max_deliver)
+            await self.bus.js.add_consumer(self.stream, wanted)
+            _log.info("consumer_updated", consumer=self.name, max_deliver=self.max_deliver)
 
     async def run(self) -> None:
         """Fetch → decode → handle → ack until cancelled, restarted after a crash.
@@ -250,6 +271,11 @@ class Consumer(Generic[T]):
         except PermanentError as exc:
             await self._bury([(msg, f"refused: {exc}") for msg in msgs])
             return
+        except asyncio.CancelledError:  # stopped mid-batch: hand it on now, not after ack_wait
+            with contextlib.suppress(Exception):
+                for msg in msgs:
+                    await msg.nak()
+            raise
         except Exception as exc:  # a crash: settle the batch, then let the supervisor restart
             await self._retry(good, msgs, reason=repr(exc), delay_s=self.retry_delay_s)
             raise
@@ -272,9 +298,17 @@ class Consumer(Generic[T]):
             if self._last_delivery(msg):
                 last.append((item, msg))
             else:
-                await msg.nak(delay=delay_s)
+                await msg.nak(delay=self._backoff(msg, delay_s))
         for item, msg in last:
             await self._last_try(item, msg, reason=reason)
+
+    def _backoff(self, msg: Msg, delay_s: float) -> float:
+        """The wait before the next delivery: ``delay_s``, or with ``backoff_max_s``
+        doubled for each delivery so far, up to that cap."""
+        if self.backoff_max_s is None:
+            return delay_s
+        tries = min(max(origin(msg).delivered, 1), 32)
+        return float(min(delay_s * 2 ** (tries - 1), self.backoff_max_s))
 
     def _last_delivery(self, msg: Msg) -> bool:
         """Whether the server will not deliver ``msg`` again (max_deliver ≤ 0: unlimited)."""

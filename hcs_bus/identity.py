@@ -3,9 +3,9 @@ publish on it), never the body.
 
 Each agent may publish only its own ``hcs.fp.<node>`` and
 ``hcs.health.<node>``; only the healer may publish
-``hcs.health._healer_<node>`` (``hcs_bus.permissions``). So the subject says
-which node a fingerprint or health event is about and whether it is the
-healer's. ``refusal`` holds a decoded message against its subject; the
+``hcs.health._healer_<node>``, and only the scheduler ``hcs.alloc.<node>``
+(``hcs_bus.permissions``). So the subject says which node a fingerprint,
+health event or allocation event is about and whether it is the healer's. ``refusal`` holds a decoded message against its subject; the
 consumers (``hcs_bus.consuming``) dead-letter a refused one with the reason
 and never hand it on, and core subscribers (``hcs top``, the demo) skip it.
 """
@@ -13,7 +13,7 @@ and never hand it on, and core subscribers (``hcs top``, the demo) skip it.
 from __future__ import annotations
 
 from hcs_bus import subjects
-from hcs_bus.messages import HealthEvent, NodeFingerprint
+from hcs_bus.messages import AllocationEvent, HealthEvent, NodeFingerprint
 
 
 def refusal(subject: str, value: object) -> str:
@@ -22,7 +22,15 @@ def refusal(subject: str, value: object) -> str:
         return _fingerprint(subject, value)
     if isinstance(value, HealthEvent):
         return _health(subject, value)
+    if isinstance(value, AllocationEvent):
+        return _allocation(subject, value)
     return ""
+
+
+def _allocation(subject: str, event: AllocationEvent) -> str:
+    if not subject.startswith(subjects.ALLOC_PREFIX):
+        return f"allocation event on {subject!r}, not on hcs.alloc.<node>"
+    return _same_node(subject, event.node, what="allocation event")
 
 
 def _fingerprint(subject: str, fp: NodeFingerprint) -> str:

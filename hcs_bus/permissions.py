@@ -17,7 +17,8 @@ so a renamed subject renames its permission. What each part may do:
 * injector: request ``hcs.place`` (plans that pledge: only it) and
   ``hcs.place.dry`` (admission dry runs); nothing else.
 * healer: replay/consume ``HCS_FP``, ``HCS_ALLOC``, ``HCS_HEALTH`` (durable
-  ``hcs-healer-health``), publish verdicts on ``hcs.health._healer_<node>``
+  ``hcs-healer-health``; and followed over the circuit breaker's window at
+  the start of each leadership term), publish verdicts on ``hcs.health._healer_<node>``
   (a token no agent may publish; NATS has no partial-token wildcard, so the
   allow is ``hcs.health.*``) and ``hcs.ckpt.request.>``, read KV ``hcs_ckpt``,
   ``streams.init``.
@@ -261,6 +262,7 @@ def _healer() -> Permissions:
         *consuming(streams.FP),
         *consuming(streams.ALLOC),
         *consuming(streams.HEALTH, durables=(HEALER_DURABLE,)),
+        f"$JS.FC.{streams.HEALTH}.>",  # the breaker's window, replayed at each term's start
         *kv_reading(streams.KV_CKPT),
         *dead_letters(subjects.FP_ALL, subjects.HEALTH_ALL, subjects.ALLOC_ALL),
         *stream_admin(_all_streams()),

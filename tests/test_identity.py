@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hcs_bus import identity, permissions, subjects
-from hcs_bus.messages import HealthEvent, NodeFingerprint
+from hcs_bus.messages import AllocationEvent, HealthEvent, NodeFingerprint, PodRef
 from hcs_bus.ordering import FingerprintOrder
 
 _node_names = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,40}[a-z0-9])?", fullmatch=True)
@@ -16,6 +16,11 @@ _node_names = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,40}[a-z0-9])?", fullmatch=Tr
 
 def fp(node: str, *, seq: int = 1, boot: str = "b", time_s: float = 0.0) -> NodeFingerprint:
     return NodeFingerprint(node=node, agent_version="t", boot_id=boot, seq=seq, time_s=time_s)
+
+
+def allocation(node: str) -> AllocationEvent:
+    pod = PodRef(namespace="ml", name="p", uid="u")
+    return AllocationEvent(node=node, pod=pod, state="bound", time_s=0.0)
 
 
 def event(node: str, *, source: str = "agent") -> HealthEvent:
@@ -51,6 +56,9 @@ def test_a_name_starting_with_a_dot_cannot_become_a_token_like_the_healers() -> 
         (subjects.healer_health("a"), event("a", source="probe"), "healer's subject"),
         (subjects.health("a"), fp("a"), "not on hcs.fp"),
         (subjects.alloc("a"), event("a"), "not on hcs.health"),
+        (subjects.alloc("a"), allocation("a"), ""),
+        (subjects.alloc("a"), allocation("b"), "allocation event body names node 'b'"),
+        (subjects.health("a"), allocation("a"), "not on hcs.alloc"),
     ],
 )
 def test_a_body_is_believed_only_where_its_subject_vouches_for_it(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from hcs_bus import natsserver
 
 # The console script installed beside this interpreter (.venv/bin/hcs).
 HCS = str(Path(sys.executable).with_name("hcs"))
@@ -42,6 +43,5 @@ def hcs(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None) ->
 
 
 def nats_server_binary() -> str:
-    found = shutil.which("nats-server")
-    assert found, "nats-server is not on PATH"
-    return found
+    """The nats-server the project runs (hcs_bus.natsserver.binary)."""
+    return natsserver.binary()

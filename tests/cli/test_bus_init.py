@@ -11,7 +11,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from hcs_bus import streams
 from hcs_bus.bus import connect
-from hcs_bus.natsserver import NatsServer
+from hcs_bus.natsserver import NatsCluster, NatsServer
 from hcs_bus.settings import BusSettings
 from tests.cli.running import CEILING_S, hcs
 
@@ -60,11 +60,22 @@ def test_a_stream_changed_by_hand_is_updated_back_and_named_with_the_change(
     assert set(actions.values()) == {"unchanged"}
 
 
-def test_replicas_are_applied_to_every_stream_and_bucket(empty_url: str) -> None:
-    assert hcs("bus", "init", "--nats-url", empty_url).code == 0
-    done = hcs("bus", "init", "--replicas", "3", "--nats-url", empty_url)
+def test_replicas_are_applied_to_every_stream_and_bucket(nats_cluster: NatsCluster) -> None:
+    urls = nats_cluster.urls
+    assert hcs("bus", "init", "--nats-url", urls).code == 0
+    done = hcs("bus", "init", "--replicas", "3", "--nats-url", urls)
     assert done.code == 0, done.err
     assert _actions(done.out) == dict.fromkeys(NAMES, "updated (num_replicas 1 → 3)")
+
+
+def test_three_replicas_on_a_single_server_are_refused_with_the_servers_reason(
+    empty_url: str,
+) -> None:
+    done = hcs("bus", "init", "--replicas", "3", "--nats-url", empty_url)
+    assert done.code == 1
+    assert set(_actions(done.out).values()) == {
+        "refused (replicas > 1 not supported in non-clustered mode)"
+    }
 
 
 def test_a_change_the_server_refuses_is_reported_and_exits_1(empty_url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 
 import msgspec
 import pytest
@@ -246,6 +247,21 @@ async def test_the_healer_consumes_durably_publishes_verdicts_and_asks_for_check
     await checkpoint.latest(healer, namespace="ml", job="llama")
     for stream in (streams.FP, streams.ALLOC):
         await replay_pulling(healer, stream=stream, subject=">")
+    # the circuit breaker's window, followed at the start of a leadership term
+    window = Follower(
+        healer,
+        stream=streams.HEALTH,
+        subject=subjects.HEALTH_ALL,
+        kind=HealthEvent,
+        handle=lambda _item: None,
+        deliver=DeliverPolicy.BY_START_TIME,
+        opt_start_time=datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1),
+    )
+    await window.start()
+    try:
+        await asyncio.wait_for(window.caught_up.wait(), timeout=5)
+    finally:
+        await window.stop()
     await healer.nc.flush()
     assert violations(errors) == []
 
