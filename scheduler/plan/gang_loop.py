@@ -18,6 +18,23 @@ scheduler (from the API server's watch cache) and, per gang record
 * **pledged**: each member still behind HCS's gate is patched (gate lifted,
   ``hcs.io/pledge`` its rank's pledge). The patch tests the gate first, so
   it lands once whoever sends it;
+* **the shared pool** (given the namespaces' ComputeQuotas): the ready
+  gangs are taken in the pool's queue order instead (priority, the
+  namespace's weighted dominant share of ACU and VRAM, age:
+  ``scheduler.quota.gang_pool``), the starvation rule unchanged; a gang
+  that would take its namespace above its ceiling, or borrow capacity a
+  namespace below its guarantee waits for, waits (the reason says which).
+  When a gang of a namespace below its guarantee waits for room, the
+  newest pledged gangs of namespaces above theirs are taken back (never a
+  namespace below its own guarantee; within ``reclaim_acu_per_min``): each
+  victim's record goes back to pinned in ONE compare-and-set (of several
+  replicas only the writer acts), then its members are evicted (the
+  checkpoint sidecar's periodic checkpoints are what they resume from) and
+  both sides get an Event (``Reclaimed`` on the victim's members,
+  ``ReclaimedFor`` on the waiting gang's) and one alert goes on the bus
+  (``UsageAlert`` kind ``reclaim`` on ``hcs.usage.<victim's namespace>``,
+  core NATS: lost when no one listens). The victim's members come back
+  behind the gate and wait like any gang;
 * pledged, and a member behind HCS's gate came after the pledge (the gang's
   members were replaced: the healer restarted it): back to pinned, its
   pledges dropped, so it is pledged again whole (``records.restarted``);
@@ -30,16 +47,16 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 from nats.js.kv import KeyValue
 
-from hcs_bus import kvcas
-from hcs_bus.errors import HcsError, KubeInvalid, KubeNotFound
-from hcs_bus.messages import Policy
+from hcs_bus import kvcas, messages, subjects
+from hcs_bus.errors import HcsError, KubeConflict, KubeInvalid, KubeNotFound
+from hcs_bus.messages import Policy, UsageAlert
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import logger, meter, zero_init
 from scheduler.ledger.pledge_rules import Held
@@ -47,7 +64,10 @@ from scheduler.plan import gang_records as records
 from scheduler.plan import gang_rules as ganging
 from scheduler.plan.gang_records import GangRecord
 from scheduler.plan.gang_service import GangPins
+from scheduler.plan.rules import QuotaLimits, summarise
 from scheduler.plan.service import Planner
+from scheduler.quota import gang_pool
+from scheduler.quota import share_rules as sharing
 from scheduler.view.state import ClusterState
 
 _log = logger("hcs.scheduler.gangs")
@@ -61,6 +81,7 @@ GANGS = zero_init(
     {"outcome": "lost_race"},
     {"outcome": "released"},
     {"outcome": "restarted"},
+    {"outcome": "reclaimed"},
 )
 FINISHED = ("Succeeded", "Failed")
 
@@ -80,6 +101,14 @@ class Kube(Protocol):
     ) -> dict[str, Any]: ...
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def evict_pod(
+        self, namespace: str, name: str, *, dry_run: bool = False, uid: str | None = None
+    ) -> dict[str, Any]: ...
+
+
+class Quotas(Protocol):
+    async def limits(self, namespace: str) -> QuotaLimits | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +134,19 @@ class GangLoop:
         starvation_s: float = 300.0,
         grace_s: float = 60.0,
         clock: Callable[[], float] = time.time,
+        quotas: Quotas | None = None,
+        reclaim_acu_per_min: float = float("inf"),
+        publish: Callable[[str, bytes], Awaitable[None]] | None = None,
     ) -> None:
         self.kube, self.kv, self.state, self.known = kube, kv, state, known
         self.held, self.reserved, self.profiles = held, reserved, profiles
         self.selector = f"spec.schedulerName={scheduler_name}"
         self.every_s, self.starvation_s, self.grace_s = every_s, starvation_s, grace_s
-        self.clock = clock
+        self.clock, self.quotas, self.reclaim_acu_per_min = clock, quotas, reclaim_acu_per_min
+        self._reclaimed: list[tuple[float, float]] = []  # (time, ACU) of this replica's reclaims
+        self.publish = publish
+        self._bound: dict[str, int] = {}  # gang key -> members on a node (this round's list)
+        self._deferred = ""  # the last reclaim refused, logged once
         self._wake = asyncio.Event()
         self._told: dict[str, str] = {}  # gang key -> the reason its members were told
 
@@ -139,10 +175,14 @@ class GangLoop:
             return 0  # no gang: nothing to list
         pods = await self.kube.list_pods(field_selector=self.selector, cached=True)
         members: dict[str, list[dict[str, Any]]] = {}
+        bound: dict[str, int] = {}  # gang key -> its members on a node, leaving or not
         for pod in pods:
             key = records.gang_key_of(pod)
             if key and not _finished(pod):
                 members.setdefault(key, []).append(pod)
+            if key and (pod.get("spec") or {}).get("nodeName") and not _ended(pod):
+                bound[key] = bound.get(key, 0) + 1
+        self._bound = bound
         ready: list[_Ready] = []
         for record, revision in self.known.all():
             live = members.get(record.key, [])
@@ -196,24 +236,208 @@ class GangLoop:
         placed = records.outstanding_ranks((r for r, _ in self.known.all()), reserved=reserved)
         state = records.with_placed(self.state, placed)
         held = records.without(self.held(), placed)
-        admission = ganging.admit_order(
-            (r.gang for r in ready),
-            state=state,
-            now=self.clock(),
-            starvation_s=self.starvation_s,
-            held=held,
-            profiles=self.profiles,
-        )
         by_key = {r.gang.name: r for r in ready}
+        pool = await self._pool(ready)
+        jobs = {
+            r.gang.name: gang_pool.waiting_job(r.record, priority=r.gang.priority) for r in ready
+        }
+        rank = pool.rank(list(jobs.values())) if pool is not None else None
+        hungry = frozenset(r.record.namespace for r in ready)
+        shut: dict[str, str] = {}  # gang -> why the pool keeps it waiting
+        while True:
+            admission = ganging.admit_order(
+                (r.gang for r in ready if r.gang.name not in shut),
+                state=state,
+                now=self.clock(),
+                starvation_s=self.starvation_s,
+                held=held,
+                profiles=self.profiles,
+                rank=rank,
+            )
+            over = _over_share(pool, admission.start, jobs=jobs, hungry=hungry)
+            if over is None:
+                break
+            shut[over[0]] = over[1]
         won = 0
         for plan in admission.start:
             if await self._pledge(by_key[plan.gang], plan, members.get(plan.gang, [])):
                 won += 1
-        for plan in (*admission.waiting, *admission.refused):
-            found = by_key[plan.gang]
+        why = {p.gang: p.reason for p in (*admission.waiting, *admission.refused)} | shut
+        for key, reason in why.items():
             GANGS.add(1, {"outcome": "waiting"})
-            await self._note(found.record, members.get(plan.gang, []), plan.reason)
+            await self._note(by_key[key].record, members.get(key, []), reason)
+        if pool is not None and rank is not None:
+            room = [p.gang for p in admission.waiting if p.gang not in shut]
+            short = sorted((jobs[k] for k in room), key=lambda j: rank[j.key])
+            await self._reclaim(pool, short, state=state, members=members)
         return won
+
+    # -- the shared pool --------------------------------------------------
+    async def _pool(self, ready: list[_Ready]) -> gang_pool.Pool | None:
+        """The pool's figures, when there are quotas to read."""
+        if self.quotas is None:
+            return None
+        known = [r for r, _ in self.known.all()]
+        names = sorted({r.namespace for r in known} | {r.record.namespace for r in ready})
+        limits = {ns: await self.quotas.limits(ns) for ns in names}
+        return gang_pool.Pool.of(
+            classes=summarise(self.state.schedulable()).classes.values(),
+            limits=limits,
+            pledged=known,
+        )
+
+    async def _reclaim(
+        self,
+        pool: gang_pool.Pool,
+        waiting: list[sharing.Job],
+        *,
+        state: ClusterState,
+        members: dict[str, list[dict[str, Any]]],
+    ) -> None:
+        """Take back borrowed room for the first waiting gang owed it."""
+        if not waiting:
+            return
+        now = self.clock()
+        self._reclaimed = [(t, a) for t, a in self._reclaimed if now - t < 60.0]
+        free = {k: c.idle_devices for k, c in summarise(state.schedulable()).classes.items()}
+        found = pool.reclaim(
+            waiting,
+            free=free,
+            freeing=self._freeing(),
+            budget_acu=self.reclaim_acu_per_min
+            - sharing.spent_last_minute(self._reclaimed, now=now),
+        )
+        if found is None:
+            return
+        job, reclaim = found
+        if not reclaim.ok:
+            if self._deferred != reclaim.reason:
+                self._deferred = reclaim.reason
+                _log.info("gang_reclaim_refused", gang=job.key, reason=reclaim.reason)
+            return
+        for victim in reclaim.victims:
+            await self._take(victim, job=job, reclaim=reclaim, members=members)
+
+    def known_record(self, key: str) -> GangRecord:
+        found = self.known.get(key)
+        assert found is not None
+        return found[0]
+
+    def _freeing(self) -> dict[str, int]:
+        """Devices per class of pinned gangs whose members are still on nodes
+        (taken back, leaving): reclaimed already, so not taken again."""
+        out: dict[str, int] = {}
+        for record, _ in self.known.all():
+            on = self._bound.get(record.key, 0)
+            if record.state == "pinned" and on:
+                per = gang_pool.devices_per_rank(record)
+                out[record.class_key] = out.get(record.class_key, 0) + on * per
+        return out
+
+    async def _take(
+        self,
+        victim: sharing.Taken,
+        *,
+        job: sharing.Job,
+        reclaim: sharing.Reclaim,
+        members: dict[str, list[dict[str, Any]]],
+    ) -> None:
+        """One victim: its record back to pinned (the writer alone goes on),
+        its members evicted, both sides told."""
+        found = self.known.get(victim.key)
+        if found is None:
+            return
+        record, revision = found
+
+        def decide(seen: GangRecord | None) -> kvcas.Change[GangRecord, bool]:
+            if seen is None or seen != record or seen.state != "pledged":
+                return kvcas.Keep(False)
+            return kvcas.Put(records.reset(seen), True)
+
+        won = await kvcas.update(
+            self.kv,
+            record.key,
+            decide,
+            decode=records.DECODER.decode,
+            encode=records.ENCODER.encode,
+            known=kvcas.Read(record, revision),
+            seen=lambda read: self._seen(record.key, read),
+        )
+        if not won:
+            return
+        self._reclaimed.append((self.clock(), victim.amount.acu))
+        GANGS.add(1, {"outcome": "reclaimed"})
+        waiting = self.known_record(job.key)
+        _log.warning(
+            "gang_reclaimed",
+            gang=record.key,
+            namespace=record.namespace,
+            acu=victim.amount.acu,
+            vram_mib=victim.amount.vram_mib,
+            cls=reclaim.cls,
+            reclaimed_for=job.key,
+        )
+        took = f"{victim.amount.acu:g} ACU/{victim.amount.vram_mib // 1024} GiB of {reclaim.cls}"
+        gone = f"{record.namespace}/{record.job}"
+        to = f"{waiting.namespace}/{waiting.job}"
+        victims = members.get(record.key, [])
+        for pod in victims:
+            await self._evict(pod)
+        await self._tell(
+            victims,
+            reason="Reclaimed",
+            message=f"hcs: gang {gone} borrowed beyond its namespace's guarantee; "
+            f"{took} taken back for gang {to} (within its guarantee): evicted, "
+            "it waits again and resumes from its last checkpoint",
+        )
+        await self._tell(
+            members.get(job.key, []),
+            reason="ReclaimedFor",
+            message=f"hcs: {took} taken back from gang {gone} for this gang ({reclaim.reason})",
+        )
+        await self._alert(
+            UsageAlert(
+                namespace=record.namespace,
+                resource="acu",
+                share=0.0,
+                threshold=0.0,
+                time_s=self.clock(),
+                held_devices=victim.ranks * gang_pool.devices_per_rank(record),
+                held_vram_mib=victim.amount.vram_mib,
+                held_acu=victim.amount.acu,
+                message=f"gang {gone} taken back ({took}) for gang {to}: {reclaim.reason}",
+                kind="reclaim",
+                gang=gone,
+                reclaimed_for=to,
+            )
+        )
+
+    async def _alert(self, alert: UsageAlert) -> None:
+        if self.publish is None:
+            return
+        try:
+            await self.publish(subjects.usage(alert.namespace), messages.encode(alert))
+        except Exception as exc:  # nats raises several unrelated types; the reclaim stands
+            _log.warning("gang_reclaim_alert_lost", namespace=alert.namespace, error=repr(exc))
+
+    async def _evict(self, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "")
+        try:
+            await self.kube.evict_pod(namespace, _name(pod), uid=str(meta.get("uid") or "") or None)
+        except (KubeNotFound, KubeConflict):
+            pass  # gone, or replaced by a new incarnation
+        except HcsError as exc:
+            _log.warning("gang_evict_failed", pod=_name(pod), error=str(exc))
+
+    async def _tell(self, pods: list[dict[str, Any]], *, reason: str, message: str) -> None:
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            try:
+                event = _event(pod, message=message, now=self.clock(), reason=reason)
+                await self.kube.create_event(str(meta.get("namespace") or "default"), event)
+            except HcsError as exc:
+                _log.info("gang_event_failed", pod=_name(pod), error=str(exc))
 
     async def _pledge(
         self, ready: _Ready, plan: ganging.GangPlan, live: list[dict[str, Any]]
@@ -338,6 +562,30 @@ def _finished(pod: Mapping[str, Any]) -> bool:
     return phase in FINISHED or bool(meta.get("deletionTimestamp"))
 
 
+def _ended(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in FINISHED
+
+
+def _over_share(
+    pool: gang_pool.Pool | None,
+    start: tuple[ganging.GangPlan, ...],
+    *,
+    jobs: Mapping[str, sharing.Job],
+    hungry: frozenset[str],
+) -> tuple[str, str] | None:
+    """The first gang of ``start`` (in order) the pool refuses, and why."""
+    if pool is None:
+        return None
+    used = dict(pool.used)
+    for plan in start:
+        job = jobs[plan.gang]
+        why = pool.refusal(job, used=used, hungry=hungry)
+        if why:
+            return plan.gang, why
+        used[job.namespace] = used.get(job.namespace, sharing.NONE) + pool.ask(job)
+    return None
+
+
 def _rank_of(pod: Mapping[str, Any]) -> tuple[int, str]:
     notes = (pod.get("metadata") or {}).get("annotations") or {}
     index = notes.get("batch.kubernetes.io/job-completion-index")
@@ -345,7 +593,9 @@ def _rank_of(pod: Mapping[str, Any]) -> tuple[int, str]:
     return rank, _name(pod)
 
 
-def _event(pod: Mapping[str, Any], *, message: str, now: float) -> dict[str, Any]:
+def _event(
+    pod: Mapping[str, Any], *, message: str, now: float, reason: str = "GangWaiting"
+) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
@@ -361,7 +611,7 @@ def _event(pod: Mapping[str, Any], *, message: str, now: float) -> dict[str, Any
             "uid": str(meta.get("uid") or ""),
         },
         "type": "Warning",
-        "reason": "GangWaiting",
+        "reason": reason,
         "message": message[:1024],
         "source": {"component": REPORTER},
         "reportingComponent": REPORTER,
@@ -371,8 +621,16 @@ def _event(pod: Mapping[str, Any], *, message: str, now: float) -> dict[str, Any
     }
 
 
-def of_replica(*, kube: Any, kv: KeyValue, planner: Planner, scheduler_name: str) -> GangLoop:
-    """The gang loop of one replica: its view, its pledges and gang records."""
+def of_replica(
+    *,
+    kube: Any,
+    kv: KeyValue,
+    planner: Planner,
+    scheduler_name: str,
+    publish: Callable[[str, bytes], Awaitable[None]] | None = None,
+) -> GangLoop:
+    """The gang loop of one replica: its view, its pledges and gang records
+    (``publish``: core NATS, for its reclaim alerts)."""
     assert planner.pledger is not None
     return GangLoop(
         kube=kube,
@@ -383,6 +641,8 @@ def of_replica(*, kube: Any, kv: KeyValue, planner: Planner, scheduler_name: str
         reserved=lambda: planner.summary().pledge_ids,
         profiles=planner.profiles,
         scheduler_name=scheduler_name,
+        quotas=planner.quotas,
+        publish=publish,
     )
 
 
@@ -394,6 +654,6 @@ def pins_of(*, kv: KeyValue, planner: Planner) -> GangPins:
         state=planner.state,
         profiles=planner.profiles,
         known=planner.pledger.gangs,
-        held=planner.held,
+        held=lambda: planner.held(waiting=True),
         plan=planner.plan,
     )

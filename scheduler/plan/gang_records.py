@@ -33,6 +33,7 @@ from hcs_bus.plannotes import PlanNote
 from hcs_bus.profiles import ProfileDB
 from scheduler.ledger.pledge_rules import Held, Pledge, per_class
 from scheduler.plan import gang_rules as ganging
+from scheduler.plan import rules as planning
 from scheduler.plan.rules import summarise
 from scheduler.view.state import ClusterState
 
@@ -225,6 +226,38 @@ def pin(
         return Pin(refusal=plan.reason)
     vendor, _, model = best[2].partition("/")
     return Pin(vendor, model, ganging.library_of(vendor))
+
+
+def waiting_held(
+    found: Iterable[GangRecord], classes: Mapping[str, Any], profiles: ProfileDB
+) -> dict[str, Held]:
+    """What gangs pinned to a class but not pledged yet will take there (every
+    rank sized on its class), per class: a new gang's pin counts it, so a burst
+    of gangs spreads over the classes instead of all pinning the one that
+    looked empty. Nothing is held by it (the gangs hold nothing until pledged)."""
+    out: dict[str, Held] = {}
+    for record in found:
+        key = f"{record.vendor}/{record.model}"
+        stats = classes.get(key)
+        if record.state != "pinned" or record.requests is None or stats is None:
+            continue
+        sizing = planning.size(record.requests, stats, profiles.find(key))
+        if isinstance(sizing, str):
+            continue
+        rank = Pledge(
+            id="",
+            vendor=record.vendor,
+            model=record.model,
+            devices=sizing.devices,
+            vram_mib_per_device=sizing.vram_mib_per_device,
+            whole_device=sizing.whole,
+            acu_per_device=sizing.acu_per_device,
+        )
+        held = out.get(key, Held())
+        for _ in range(record.size):
+            held = held.plus(rank)
+        out[key] = held
+    return out
 
 
 # --------------------------------------------------------------- pledging --

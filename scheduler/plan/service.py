@@ -18,8 +18,10 @@ injector waits (``injector.plan_timeout_s``): one that runs past it (its
 pledge's write queued behind a burst, a first quota read) is answered on the
 summary held, every pledge counted, pledging nothing (bind then spends a
 fresh pledge within the quota), counted in ``hcs_scheduler_plan_shortcuts``;
-the pledge the late plan makes is released. An overloaded replica admits
-pods on a conservative plan rather than failing their creation.
+the pledge the late plan makes is released. What the shortcut plan gave is
+held in this replica's summary until its pod is booked (or
+``SHORTCUT_HOLD_S``), so the plans after it count it. An overloaded replica
+admits pods on a conservative plan rather than failing their creation.
 """
 
 from __future__ import annotations
@@ -33,14 +35,15 @@ from hcs_bus.bus import Bus
 from hcs_bus.messages import AllocationEvent, Plan, PlanRequest, PodRef, ReleaseRequest
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
-from scheduler.ledger.pledge_rules import Held
+from scheduler.ledger.pledge_rules import Held, Pledge
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
+from scheduler.plan import gang_records
 from scheduler.plan import rules as planning
 from scheduler.plan.gang_service import GangPins
 from scheduler.plan.pods import PlanAnnotation, PodInfo
 from scheduler.quota.source import QuotaSource
-from scheduler.view.state import ClusterState
+from scheduler.view.state import ClusterState, pod_key
 
 _log = logger("hcs.scheduler.serving")
 PLAN_SECONDS = meter("hcs.scheduler").create_histogram(
@@ -69,9 +72,10 @@ PLAN_SHORTCUTS = zero_init(
 )
 
 PLACE_CONCURRENCY = 64
-PLAN_BUDGET_S = 0.8  # every plan answered within this; the injector waits 2 s (plan_timeout_s)
+PLAN_BUDGET_S = 0.8  # every plan answered within this; the injector waits 4 s (plan_timeout_s)
 SUMMARY_SHARE = 0.2  # rebuilding the summary takes at most this share of the replica's time
 QUICK_QUOTA_S = 0.05  # a shortcut plan waits this long for a namespace's quota, never more
+SHORTCUT_HOLD_S = 60.0  # a shortcut plan's room is held until its pod is booked, or this long
 
 
 class Planner:
@@ -95,6 +99,8 @@ class Planner:
         self._cost_s = 0.0  # what building it took
         self._dirty = True
         self._late: set[asyncio.Task[Any]] = set()  # plans answered past their budget
+        # shortcut plans not booked yet: (until, namespace, pod name or "", what it holds)
+        self._holds: list[tuple[float, str, str, Pledge]] = []
         self.pledger: Pledger | None = None  # set by the replica: pledges counted and made
         self.gangs: GangPins | None = None  # set by the replica: gang members' classes
 
@@ -117,7 +123,29 @@ class Planner:
             self._summary = held = self._parts.summary(self.state.nodes)
             self._at = loop.time()
             self._cost_s = self._at - now
-        return held
+            self._holds = self._unbooked(self._holds, now=self._at)
+        return self._held_too(held) if self._holds else held
+
+    def _held_too(self, summary: planning.Summary) -> planning.Summary:
+        """``summary`` with what the shortcut plans not booked yet hold."""
+        now = asyncio.get_running_loop().time()
+        if self._holds[0][0] <= now:
+            self._holds = [h for h in self._holds if h[0] > now]
+        by_class: dict[str, Held] = {}
+        by_ns: dict[str, Held] = {}
+        for _until, ns, _pod, p in self._holds:
+            by_class[p.key] = by_class.get(p.key, Held()).plus(p)
+            by_ns[ns] = by_ns.get(ns, Held()).plus(p)
+        return planning.charged(summary, by_class=by_class, by_namespace=by_ns)
+
+    def _unbooked(
+        self, holds: list[tuple[float, str, str, Pledge]], *, now: float
+    ) -> list[tuple[float, str, str, Pledge]]:
+        """The holds still standing: not expired, their pod not booked in the view."""
+        if not holds:
+            return holds
+        booked = {key for node in self.state.nodes.values() for key in node.reservations}
+        return [h for h in holds if h[0] > now and not (h[2] and pod_key(h[1], h[2]) in booked)]
 
     def _spacing(self) -> float:
         """How long a summary is kept after a change: ``max_age_s``, or longer
@@ -129,12 +157,20 @@ class Planner:
             return 0.0
         return max(self.max_age_s, self._cost_s * (1 - SUMMARY_SHARE) / SUMMARY_SHARE)
 
-    def held(self) -> dict[str, Held]:
-        """What outstanding pledges (a pledged gang's ranks too) hold, per class."""
+    def held(self, *, waiting: bool = False) -> dict[str, Held]:
+        """What outstanding pledges (a pledged gang's ranks too) hold, per
+        class; ``waiting``: and what gangs pinned but not pledged yet will
+        take (``gang_records.waiting_held``: what a new gang's pin counts)."""
         summary = self.summary()
         if self.pledger is not None:
             summary = self.pledger.charged(summary)
-        return {key: stats.pledged for key, stats in summary.classes.items()}
+        out = {key: stats.pledged for key, stats in summary.classes.items()}
+        if waiting and self.pledger is not None:
+            pinned = [record for record, _rev in self.pledger.gangs.all()]
+            more = gang_records.waiting_held(pinned, summary.classes, self.profiles)
+            for key, held in more.items():
+                out[key] = out[key].add(held) if key in out else held
+        return out
 
     async def plan(self, request: PlanRequest) -> Plan:
         """A plan with every outstanding pledge counted; records nothing."""
@@ -147,16 +183,31 @@ class Planner:
         """The plan an overloaded replica answers: on the summary held (not
         rebuilt), every known pledge counted, the quota only if known within
         ``QUICK_QUOTA_S`` (bind checks it again); it pledges nothing."""
-        summary = self._summary if self._summary is not None else self.summary()
+        held = self._summary
+        summary = self.summary() if held is None else self._held_too(held) if self._holds else held
         if self.pledger is not None:
             summary = self.pledger.charged(summary)
         quota = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(QUICK_QUOTA_S):  # the read itself goes on (shielded)
                 quota = await self.quotas.limits(request.namespace)
-        return planning.plan(
+        plan = planning.plan(
             request, summary=summary, profiles=self.profiles, quota=quota, spread=self.spread
         )
+        if plan.ok and plan.devices >= 1 and not request.dry_run:
+            until = asyncio.get_running_loop().time() + SHORTCUT_HOLD_S
+            name = "" if request.generate_name else request.pod_name
+            hold = Pledge(
+                id="",
+                vendor=plan.vendor,
+                model=plan.model,
+                devices=plan.devices,
+                vram_mib_per_device=plan.vram_mib_per_device,
+                whole_device=plan.whole_device,
+                acu_per_device=plan.acu_per_device,
+            )
+            self._holds.append((until, request.namespace, name, hold))
+        return plan
 
     async def within_budget(self, request: PlanRequest, *, budget_s: float) -> Plan:
         """``place`` if it is done within ``budget_s``, else ``quick``; a

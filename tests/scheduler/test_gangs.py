@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
+
 from hcs_bus import streams, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeInvalid
@@ -301,3 +303,28 @@ async def test_the_extender_keeps_a_pledged_rank_on_its_node_and_other_pods_off_
     assert status == 200, out
     assert out["NodeNames"] == ["gpu-node-c"]
     assert "pledged gang" in out["FailedNodes"]["gpu-node-a"]
+
+
+def test_a_gang_pinned_but_not_yet_pledged_counts_against_the_next_gangs_pin() -> None:
+    """A burst of gangs spreads over the classes: the second 8-rank gang does
+    not pin the class the first is already waiting to fill."""
+    from tests.scheduler.test_gang_rules import H100, gang
+
+    state = fleet(("a100-0", A100, "g1"), ("h100-0", H100, "g1"))
+    first = records.pin(state, gang(8, name="one"), held={}, profiles=DB)
+    assert first.vendor == "nvidia" and first.model in ("A100-80G", "H100")
+    waiting = records.GangRecord(
+        namespace="ns1",
+        job="one",
+        size=8,
+        vendor=first.vendor,
+        model=first.model,
+        requests=Requests(devices=1),
+    )
+    classes = planning.summarise(state.schedulable()).classes
+    held = records.waiting_held([waiting], classes, DB)
+    assert held[f"nvidia/{first.model}"].devices == 8
+    second = records.pin(state, gang(8, name="two"), held=held, profiles=DB)
+    assert {first.model, second.model} == {"A100-80G", "H100"}
+    pledged = msgspec.structs.replace(waiting, state="pledged")
+    assert records.waiting_held([pledged], classes, DB) == {}  # its pledges count instead
