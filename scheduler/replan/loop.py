@@ -153,7 +153,8 @@ class Stranding:
         self._capacity = capacity
         assert self.waker is not None
         woken = 0
-        for pod in self.waker.pick(pods, classes=classes, now=now):
+        queued = [p for p in pods if not p.gated]  # a gated pod is not parked: no wake
+        for pod in self.waker.pick(queued, classes=classes, now=now):
             woken += await self.wake(pod)
         alone, members = replanning.by_gang(pods)
         found = [s for p in alone if (s := await self._stranded(p, summary)) is not None]

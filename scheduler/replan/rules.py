@@ -64,6 +64,7 @@ class Pending:
     owner: str | None  # "ReplicaSet/web-5d8f" for a pod with a controller
     recreate: bool = False  # asks for hcs.io/replan: recreate and has its copy
     gang: str = ""  # its gang's record key (``hcs.io/gang``); "" for a pod of none
+    gated: bool = False  # held by a scheduling gate: kube-scheduler does not queue it
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ def pending(pod: dict[str, Any], *, scheduler_name: str) -> Pending | None:
         owner=controller(meta),
         recreate=recreatable(meta),
         gang=gangs.gang_key_of(pod),
+        gated=bool(spec.get("schedulingGates")),
     )
 
 

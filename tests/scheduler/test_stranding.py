@@ -88,6 +88,23 @@ async def test_pending_pods_are_woken_once_the_replica_is_ready(
     assert patches and patches[0].content_type == "application/merge-patch+json"
 
 
+async def test_a_gated_pending_pod_is_never_woken(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    """kube-scheduler does not queue a pod behind a scheduling gate: waking
+    it would only be a patch (the gang loop lifts HCS's gate)."""
+    _pending_pod(apiserver, "parked", substitution="deny")
+    _pending_pod(apiserver, "gated", substitution="deny")
+
+    def gate(pod: dict[str, Any]) -> None:
+        pod["spec"]["schedulingGates"] = [{"name": "hcs.io/gang"}]
+
+    apiserver.update_pod(NS, "gated", gate)
+    await _start(bus, start_scheduler, kube)
+    await until(lambda: _wake(apiserver, "parked") is not None)
+    assert _wake(apiserver, "gated") is None
+
+
 async def test_a_class_that_gains_room_wakes_its_pending_pods_again(
     bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
 ) -> None:
