@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from hcs_bus import subjects, tasks
+from hcs_bus import plannotes, subjects, tasks
 from hcs_bus.bus import Bus
 from hcs_bus.messages import AllocationEvent, Plan, PlanRequest, PodRef, ReleaseRequest
 from hcs_bus.profiles import ProfileDB
@@ -292,14 +292,7 @@ class Planner:
         found = await self.plan(request)
         if not found.ok:
             return f"hcs: no plan for {pod.ref.namespace}/{pod.ref.name}: {found.reason}"
-        return PlanAnnotation(
-            vendor=found.vendor,
-            model=found.model,
-            devices=found.devices,
-            vram_mib_per_device=found.vram_mib_per_device,
-            whole_device=found.whole_device,
-            acu_per_device=found.acu_per_device,
-        )
+        return plannotes.note_of(found)
 
 
 class PlanService:
