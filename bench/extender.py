@@ -1,4 +1,4 @@
-"""Extender, plan and bind benchmark: ``python -m bench.extender [--small]``.
+"""Extender, plan and bind benchmark: ``python -m bench.extender [--small] [--bus KIND | --compare-bus]``.
 
 5,000 nodes × 8 devices replayed from a real nats-server; filter then
 prioritize (nodeCacheCapable, every name) through the real aiohttp server
@@ -9,6 +9,12 @@ Targets: extender p99 ≤ 2× floor and ≤ 15 ms; plans ≥ 500/s, p99 ≤ 10 m
 plans that write their pledge (admissions) ≥ 1,000/s, beside dry runs; the
 plans' cluster summary rebuilt from kept per-node parts with 1 % of the
 nodes changed ≤ 0.2× one made afresh (the same summary, checked).
+
+``--bus single|cluster|cluster-sync`` runs it on one server (R1), on a
+three-server cluster (R3) or on that cluster fsyncing every write
+(``bench.buses``); ``--compare-bus`` runs plans, admissions and binds on all
+three in one process and prints one table: the price of replication and of
+``sync_interval: always``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from bench import buses
 from bench.fleets import node_fingerprint
 from hcs_bus import streams, subjects
 from hcs_bus.bus import Bus, connect
@@ -37,7 +44,7 @@ from hcs_bus.messages import (
     Policy,
     Requests,
 )
-from hcs_bus.natsserver import NatsServer, free_port
+from hcs_bus.natsserver import free_port
 from hcs_bus.settings import BusSettings, Settings, replace
 from hcs_bus.telemetry import TelemetrySettings, configure
 from scheduler.plan import rules as planning
@@ -140,16 +147,22 @@ async def bench_plans(
 
     latencies: list[float] = []
 
-    async def worker(n: int) -> None:
-        for _ in range(n):
+    async def worker(w: int, n: int) -> None:
+        for i in range(n):
             t0 = time.perf_counter()
             subject = subjects.place(dry_run=request.dry_run)
-            plan = await bus.request(subject, request, Plan, timeout_s=5)
+            # an admission names its pod and its admission (hcs.place refuses one without)
+            asked = (
+                msgspec.structs.replace(request, pod_name=f"p{w}-{i}", admission_uid=f"a{w}-{i}")
+                if pledged
+                else request
+            )
+            plan = await bus.request(subject, asked, Plan, timeout_s=5)
             latencies.append(time.perf_counter() - t0)
             assert plan.ok, plan.reason
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker(count // concurrency) for _ in range(concurrency)))
+    await asyncio.gather(*(worker(w, count // concurrency) for w in range(concurrency)))
     return len(latencies) / (time.perf_counter() - t0), latencies
 
 
@@ -202,45 +215,50 @@ async def bench_binds(replicas: list[Scheduler], names: list[str], count: int) -
     return count / (time.perf_counter() - t0), sum(1 for e in errors if not e)
 
 
-async def main(small: bool) -> None:
+async def main(small: bool, bus_kind: str = "single") -> None:
     configure(TelemetrySettings(log_level="error"), service="bench")
     nodes, calls = (200, 200) if small else (5000, 1000)
-    server = NatsServer().start()
-    bus_settings = BusSettings(url=server.url, name="bench")
-    try:
-        bus = await connect(bus_settings)
-        await streams.init(bus, bus_settings)
-        fps = fleet(nodes)
-        await bus.publish_window((subjects.fp(f.node), f, f"{f.node}:1") for f in fps)
-        settings = replace(
-            Settings(bus=bus_settings),
-            scheduler={"extender_port": free_port(), "reserve_ttl_s": 3600},
-        )
-        t0 = time.perf_counter()
-        sched = await run(bus, None, settings)
-        await sched.view.wait_ready(timeout_s=60)
-        ready_s = time.perf_counter() - t0
-        names = [f.node for f in fps]
-        ext = await bench_extender(sched, names, calls)
-        summary_s = bench_summary(sched.view.state.nodes)
-        plans_s, plan_lat = await bench_plans(bus, 400 if small else 4000)
-        # admissions come in bursts: the same number of plans, 16 at a time,
-        # as dry runs and as admissions that write their pledges
-        burst = 400 if small else 2000
-        dry_s, _ = await bench_plans(bus, burst, concurrency=16)
-        pledged_s, pledged_lat = await bench_plans(bus, burst, concurrency=16, pledged=True)
-        bus2 = await connect(bus_settings, name="bench-2")
-        settings2 = replace(settings, scheduler={"extender_port": free_port()})
-        other = await run(bus2, None, settings2, http=False)
-        await other.view.wait_ready(timeout_s=60)
-        binds_s, bound = await bench_binds([sched, other], names, 200 if small else 2000)
-        await other.stop()
-        await sched.stop()
-        await bus2.nc.close()
-        await bus.nc.close()
-    finally:
-        server.cleanup()
-    report(
+    with buses.started(bus_kind) as started:
+        r = await _run_all(started, nodes=nodes, calls=calls, small=small)
+    report(**r)
+
+
+async def _run_all(
+    started: buses.Started, *, nodes: int, calls: int, small: bool
+) -> dict[str, Any]:
+    bus_settings = BusSettings(url=started.url, name="bench", replicas=started.replicas)
+    bus = await connect(bus_settings)
+    await streams.init(bus, bus_settings)
+    fps = fleet(nodes)
+    await bus.publish_window((subjects.fp(f.node), f, f"{f.node}:1") for f in fps)
+    settings = replace(
+        Settings(bus=bus_settings),
+        scheduler={"extender_port": free_port(), "reserve_ttl_s": 3600},
+    )
+    t0 = time.perf_counter()
+    sched = await run(bus, None, settings)
+    await sched.view.wait_ready(timeout_s=60)
+    ready_s = time.perf_counter() - t0
+    names = [f.node for f in fps]
+    ext = await bench_extender(sched, names, calls)
+    summary_s = bench_summary(sched.view.state.nodes)
+    plans_s, plan_lat = await bench_plans(bus, 400 if small else 4000)
+    # admissions come in bursts: the same number of plans, 16 at a time,
+    # as dry runs and as admissions that write their pledges
+    burst = 400 if small else 2000
+    dry_s, _ = await bench_plans(bus, burst, concurrency=16)
+    pledged_s, pledged_lat = await bench_plans(bus, burst, concurrency=16, pledged=True)
+    bus2 = await connect(bus_settings, name="bench-2")
+    settings2 = replace(settings, scheduler={"extender_port": free_port()})
+    other = await run(bus2, None, settings2, http=False)
+    await other.view.wait_ready(timeout_s=60)
+    binds_s, bound = await bench_binds([sched, other], names, 200 if small else 2000)
+    await other.stop()
+    await sched.stop()
+    await bus2.nc.close()
+    await bus.nc.close()
+    return dict(
+        bus=started.kind,
         nodes=nodes,
         calls=calls,
         ready_s=ready_s,
@@ -256,13 +274,72 @@ async def main(small: bool) -> None:
     )
 
 
+async def price(started: buses.Started, *, nodes: int, count: int) -> dict[str, float]:
+    """Plans (dry and pledged, 16 at a time) and binds (two replicas
+    contending) per second on one bus, with their p99 in ms."""
+    bus_settings = BusSettings(url=started.url, name="bench", replicas=started.replicas)
+    bus = await connect(bus_settings)
+    await streams.init(bus, bus_settings)
+    fps = fleet(nodes)
+    await bus.publish_window((subjects.fp(f.node), f, f"{f.node}:1") for f in fps)
+    settings = replace(
+        Settings(bus=bus_settings), scheduler={"extender_port": 0, "reserve_ttl_s": 3600}
+    )
+    bus2 = await connect(bus_settings, name="bench-2")
+    replicas = [
+        await run(bus, None, settings, http=False),
+        await run(bus2, None, settings, http=False),
+    ]
+    try:
+        for replica in replicas:
+            await replica.view.wait_ready(timeout_s=60)
+        dry_s, dry_lat = await bench_plans(bus, count, concurrency=16)
+        pledged_s, pledged_lat = await bench_plans(bus, count, concurrency=16, pledged=True)
+        binds_s, bound = await bench_binds(replicas, [f.node for f in fps], count)
+    finally:
+        for replica in replicas:
+            await replica.stop()
+        await bus2.nc.close()
+        await bus.nc.close()
+    return {
+        "dry_s": dry_s,
+        "dry_p99": pct(dry_lat, 0.99),
+        "pledged_s": pledged_s,
+        "pledged_p99": pct(pledged_lat, 0.99),
+        "binds_s": binds_s,
+        "bound": bound,
+    }
+
+
+async def compare(small: bool) -> None:
+    """``--compare-bus``: ``price`` on each kind of bus, one table."""
+    configure(TelemetrySettings(log_level="error"), service="bench")
+    nodes, count = (200, 400) if small else (1000, 2000)
+    rows: dict[str, dict[str, float]] = {}
+    for kind in buses.KINDS:
+        with buses.started(kind) as started:
+            rows[kind] = await price(started, nodes=nodes, count=count)
+    print(f"\nHCS extender bench, the price of safety: {nodes} nodes × 8 devices, {count} each")
+    print(
+        f"{'bus':<14}{'dry plans/s':>12}{'p99 ms':>8}{'pledged plans/s':>16}{'p99 ms':>8}"
+        f"{'binds/s':>9}{'bound':>7}{'binds vs single':>17}"
+    )
+    base = rows["single"]["binds_s"] or 1.0
+    for kind, r in rows.items():
+        print(
+            f"{kind:<14}{r['dry_s']:>12.0f}{r['dry_p99']:>8.1f}{r['pledged_s']:>16.0f}"
+            f"{r['pledged_p99']:>8.1f}{r['binds_s']:>9.0f}{r['bound']:>7.0f}"
+            f"{r['binds_s'] / base:>16.2f}×"
+        )
+
+
 def report(**r: Any) -> None:
     ext = r["ext"]
     floor99 = pct(ext["floor"], 0.99)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"\nHCS extender bench: {r['nodes']} nodes × 8 devices, {r['calls']} calls each, "
-        f"view ready in {r['ready_s']:.2f}s"
+        f"bus {r['bus']}, view ready in {r['ready_s']:.2f}s"
     )
     print(f"{'what':<34}{'p50 ms':>9}{'p99 ms':>9}{'vs floor p99':>14}{'target':>16}")
     for key, label in (
@@ -309,4 +386,12 @@ def report(**r: Any) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="a quick run at tiny size")
-    asyncio.run(main(parser.parse_args().small))
+    parser.add_argument("--bus", choices=buses.KINDS, default="single", help=buses.__doc__)
+    parser.add_argument(
+        "--compare-bus", action="store_true", help="plans and binds on each --bus, one table"
+    )
+    args = parser.parse_args()
+    if args.compare_bus:
+        asyncio.run(compare(args.small))
+    else:
+        asyncio.run(main(args.small, args.bus))

@@ -1,4 +1,4 @@
-"""Ingest benchmark: ``python -m bench.ingest [--small]``.
+"""Ingest benchmark: ``python -m bench.ingest [--small] [--bus KIND | --compare-bus]``.
 
 Fills a real nats-server with a synthetic fleet (10,000 nodes × 8 devices:
 fingerprints, plus health events at 1 per node per second for 10 s = 100k,
@@ -19,6 +19,11 @@ streams only: the view also replays the ledger (one key per node), which
 costs it about 0.1 of the ratio on this machine.
 
 Targets: ratio ≥ 0.7, ≥ 20,000 events/s, RSS ≤ 300 MB, ready ≤ 5 s.
+
+``--bus single|cluster|cluster-sync`` runs it on one server (R1), on a
+three-server cluster (R3) or on that cluster fsyncing every write
+(``bench.buses``); ``--compare-bus`` fills and replays on all three in one run
+(the fill and the view only) and prints one table.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import msgspec
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from bench import buses
 from bench.fleets import node_fingerprint
 from hcs_bus import streams, subjects
 from hcs_bus.bus import Bus, connect
@@ -45,7 +51,6 @@ from hcs_bus.messages import (
     PodRef,
     Reservation,
 )
-from hcs_bus.natsserver import NatsServer
 from hcs_bus.settings import BusSettings, SchedulerSettings, TelemetrySettings
 from hcs_bus.telemetry import configure
 
@@ -264,24 +269,51 @@ def run_role(role: str, url: str, total: int) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-async def main(small: bool) -> None:
+async def main(small: bool, bus_kind: str = "single") -> None:
     configure(TelemetrySettings(log_level="error"), service="bench")
     nodes, seconds = (500, 4) if small else (10_000, 10)
-    server = NatsServer().start()
-    try:
-        settings = BusSettings(url=server.url, name="bench-fill")
-        bus = await connect(settings)
-        await streams.init(bus, settings)
-        t0 = time.perf_counter()
-        total = await fill(bus, nodes=nodes, seconds=seconds)
-        fill_s = time.perf_counter() - t0
-        await bus.nc.close()
-        bare = run_role("bare", server.url, total)
-        ordered = run_role("bare-ordered", server.url, total)
-        view = run_role("view", server.url, total)
-    finally:
-        server.cleanup()
+    with buses.started(bus_kind) as started:
+        total, fill_s = await _filled(started, nodes=nodes, seconds=seconds)
+        bare = run_role("bare", started.url, total)
+        ordered = run_role("bare-ordered", started.url, total)
+        view = run_role("view", started.url, total)
     report(nodes=nodes, total=total, fill_s=fill_s, bare=bare, ordered=ordered, view=view)
+
+
+async def _filled(started: buses.Started, *, nodes: int, seconds: int) -> tuple[int, float]:
+    """Messages written and the seconds it took (every one acknowledged)."""
+    settings = BusSettings(url=started.url, name="bench-fill", replicas=started.replicas)
+    bus = await connect(settings)
+    await streams.init(bus, settings)
+    t0 = time.perf_counter()
+    total = await fill(bus, nodes=nodes, seconds=seconds)
+    fill_s = time.perf_counter() - t0
+    await bus.nc.close()
+    return total, fill_s
+
+
+async def compare(small: bool) -> None:
+    """``--compare-bus``: the fill (acknowledged writes) and the view's replay
+    on each kind of bus, one table."""
+    configure(TelemetrySettings(log_level="error"), service="bench")
+    nodes, seconds = (500, 4) if small else (2_000, 10)
+    rows: dict[str, dict[str, float]] = {}
+    for kind in buses.KINDS:
+        with buses.started(kind) as started:
+            total, fill_s = await _filled(started, nodes=nodes, seconds=seconds)
+            view = run_role("view", started.url, total)
+        rows[kind] = {"written_s": (total + nodes) / fill_s, **view}
+    print(
+        f"\nHCS ingest bench, the price of safety: {nodes} nodes × 8 devices, "
+        f"{total} messages + {nodes} ledger keys"
+    )
+    print(f"{'bus':<14}{'writes/s':>10}{'vs single':>11}{'view events/s':>15}{'ready s':>9}")
+    base = rows["single"]["written_s"] or 1.0
+    for kind, r in rows.items():
+        print(
+            f"{kind:<14}{r['written_s']:>10.0f}{r['written_s'] / base:>10.2f}×"
+            f"{r['rate']:>15.0f}{r['ready_s']:>9.2f}"
+        )
 
 
 def report(**r: Any) -> None:
@@ -320,8 +352,14 @@ if __name__ == "__main__":
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--total", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bus", choices=buses.KINDS, default="single", help=buses.__doc__)
+    parser.add_argument(
+        "--compare-bus", action="store_true", help="the fill and the view on each --bus, one table"
+    )
     args = parser.parse_args()
     if args.role:
         print(json.dumps(asyncio.run(ROLES[args.role](args.url, args.total))))
+    elif args.compare_bus:
+        asyncio.run(compare(args.small))
     else:
-        asyncio.run(main(args.small))
+        asyncio.run(main(args.small, args.bus))

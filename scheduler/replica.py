@@ -22,6 +22,7 @@ from hcs_bus.bus import Bus
 from hcs_bus.errors import ConfigError, HcsError
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.profiles import load as load_profiles
+from hcs_bus.quorum import LeaderWatch
 from hcs_bus.settings import SchedulerSettings, Settings
 from hcs_bus.telemetry import logger, meter
 from hcs_bus.tls import ReloadingTls, server_context
@@ -31,10 +32,11 @@ from scheduler.extender.http import Extender, client_certificates, serve, server
 from scheduler.ledger import pledge_store as pledging
 from scheduler.ledger import release_loop as watching
 from scheduler.ledger.pledge_store import Pledger
-from scheduler.ledger.reservation_store import Booker, Kube
+from scheduler.ledger.reservation_store import Booker
 from scheduler.plan import gang_loop as ganging
+from scheduler.plan.rules import summarise
 from scheduler.plan.service import Planner, PlanService
-from scheduler.quota.source import QuotaSource, UsedWriter, used_by_namespace
+from scheduler.quota.source import QuotaSource, StatusKube, UsedWriter, used_by_namespace
 from scheduler.replan import loop as stranding
 from scheduler.replan.pending_pods import PendingPods
 from scheduler.view import gauge_meters as gauging
@@ -177,7 +179,7 @@ def profile_db() -> ProfileDB:
 
 async def run(
     bus: Bus,
-    kube: Kube | None,
+    kube: StatusKube | None,
     settings: Settings,
     *,
     profiles: ProfileDB | None = None,
@@ -206,6 +208,7 @@ async def run(
         replica=replica,
         claim_ttl_s=cfg.reserve_ttl_s,
     )
+    booker.quorum = quorum = LeaderWatch(bus, stream=streams.kv_stream(streams.KV_ALLOC))
     quotas = QuotaSource(kube=kube, file=cfg.quota_file)
     planner = Planner(
         view.state,
@@ -248,6 +251,7 @@ async def run(
         tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")
     )
     running.append(tasks.start(pledging.sweep_loop(pledger), name="pledge-sweep"))
+    running.append(tasks.start(quorum.run(), name="ledger-quorum"))
     strands = None
     if kube is not None:
         scheduler_name = settings.injector.scheduler_name
@@ -255,7 +259,13 @@ async def run(
         watch = watching.watch_pods(kube, booker, scheduler_name=scheduler_name, pending=pending)
         running.append(tasks.start(watch, name="pod-watch"))
         running.append(tasks.start(watching.watch_nodes(kube, view), name="node-watch"))
-        gangs = ganging.of_replica(kube=kube, kv=kv, planner=planner, scheduler_name=scheduler_name)
+        gangs = ganging.of_replica(
+            kube=kube,
+            kv=kv,
+            planner=planner,
+            scheduler_name=scheduler_name,
+            publish=bus.nc.publish,
+        )
         view.listeners.append(gangs.wake)
         running.append(tasks.start(gangs.run(ready=view.ready), name="gangs"))
         used = UsedWriter(
@@ -265,6 +275,7 @@ async def run(
                 (r for n in view.state.nodes.values() for r in n.reservations.values()),
                 pledger.by_namespace(fresh=True),
             ),
+            classes=lambda: summarise(view.state.schedulable()).classes,
         )
         running.append(tasks.start(used.run(), name="quota-used"))
         reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)

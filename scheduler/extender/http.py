@@ -1,7 +1,8 @@
 """The kube-scheduler extender over HTTP (aiohttp): ``POST /filter``,
 ``/prioritize``, ``/bind``, ``/preempt`` with the exact JSON of
 ``k8s.io/kube-scheduler/extender/v1``; ``/healthz``, ``/readyz`` (200 only
-after the view's replay), ``/metrics``.
+after the view's replay and while the ledger's stream has a leader:
+``Booker.quorum``), ``/metrics``.
 
 Callers: HTTPS (``server_tls``) where kube-scheduler presents a client
 certificate chaining to ``scheduler.extender_client_ca_file`` and naming one
@@ -509,9 +510,11 @@ class Extender:
         return web.Response(text="ok")
 
     async def readyz(self, _request: web.Request) -> web.Response:
-        if self.view.ready.is_set():
-            return web.Response(text="ready")
-        return web.Response(status=503, text="cluster view still replaying")
+        if not self.view.ready.is_set():
+            return web.Response(status=503, text="cluster view still replaying")
+        if refusal := self.booker.quorum_lost():
+            return web.Response(status=503, text=refusal)
+        return web.Response(text="ready")
 
     async def metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=metrics_text(), content_type="text/plain")

@@ -47,6 +47,7 @@ from hcs_bus.messages import (
     PodRef,
     Reservation,
 )
+from hcs_bus.quorum import LeaderWatch
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, span, zero_init
 from scheduler.extender.collectives import collective_annotations
 from scheduler.extender.rules import Demand, check_node, choose_devices, slices_for
@@ -227,6 +228,13 @@ class Booker:
         # every change of a node document goes through here: one write per batch
         self.batches: Batches[str, _Edit, Any] = Batches(self._commit)
         self._tasks: set[asyncio.Task[None]] = set()
+        # whether the ledger's stream has a leader (``hcs_bus.quorum``): without
+        # one, binds and plans are refused with its reason, never guessed
+        self.quorum: LeaderWatch | None = None
+
+    def quorum_lost(self) -> str:
+        """The refusal while the ledger's stream has no leader, else ""."""
+        return self.quorum.reason if self.quorum is not None and self.quorum.lost else ""
 
     # -- KV documents -----------------------------------------------------
     async def read(self, node: str) -> Doc:
@@ -271,6 +279,9 @@ class Booker:
         return error
 
     async def _bind(self, pod: pods.PodInfo, demand: Demand, *, node: str) -> str:
+        if refusal := self.quorum_lost():
+            BINDS.add(1, {"outcome": "quorum_lost"})  # logged once, by the watch
+            return refusal
         try:
             with _step("pledge"):
                 refusal, pledge = await self.spend(pod, demand) if self.spend else ("", "")

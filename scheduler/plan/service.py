@@ -19,8 +19,8 @@ pledge's write queued behind a burst, a first quota read) is answered on the
 summary held, every pledge counted, pledging nothing (bind then spends a
 fresh pledge within the quota), counted in ``hcs_scheduler_plan_shortcuts``;
 the pledge the late plan makes is released. What the shortcut plan gave is
-held in this replica's summary until its pod is booked (or
-``SHORTCUT_HOLD_S``), so the plans after it count it. An overloaded replica
+held in this replica's summary until its pod is booked (or as long as a
+pledge lives), so the plans after it count it. An overloaded replica
 admits pods on a conservative plan rather than failing their creation.
 """
 
@@ -55,10 +55,12 @@ PLAN_SECONDS = meter("hcs.scheduler").create_histogram(
 PLAN_REFUSALS = zero_init(
     meter("hcs.scheduler").create_counter(
         "hcs_scheduler_plan_refusals",
-        description="plan requests refused unplanned: dry_run disagrees with the subject",
+        description="plan requests refused unplanned: dry_run disagrees with the subject,"
+        " or the bus lost its quorum",
     ),
     {"reason": "dry_run_on_pledging_subject"},
     {"reason": "pledge_on_dry_subject"},
+    {"reason": "quorum_lost"},
 )
 
 
@@ -75,7 +77,7 @@ PLACE_CONCURRENCY = 64
 PLAN_BUDGET_S = 0.8  # every plan answered within this; the injector waits 4 s (plan_timeout_s)
 SUMMARY_SHARE = 0.2  # rebuilding the summary takes at most this share of the replica's time
 QUICK_QUOTA_S = 0.05  # a shortcut plan waits this long for a namespace's quota, never more
-SHORTCUT_HOLD_S = 60.0  # a shortcut plan's room is held until its pod is booked, or this long
+SHORTCUT_HOLD_S = 300.0  # without a pledger: a shortcut plan's room is held at most this long
 
 
 class Planner:
@@ -195,7 +197,9 @@ class Planner:
             request, summary=summary, profiles=self.profiles, quota=quota, spread=self.spread
         )
         if plan.ok and plan.devices >= 1 and not request.dry_run:
-            until = asyncio.get_running_loop().time() + SHORTCUT_HOLD_S
+            # as long as a pledge would be: pods of a burst may wait minutes for bind
+            ttl_s = self.pledger.ttl_s if self.pledger is not None else SHORTCUT_HOLD_S
+            until = asyncio.get_running_loop().time() + ttl_s
             name = "" if request.generate_name else request.pod_name
             hold = Pledge(
                 id="",
@@ -348,6 +352,9 @@ class PlanService:
         return await self._place(request)
 
     async def _place(self, request: PlanRequest) -> Plan:
+        if refusal := self.booker.quorum_lost():  # the ledger cannot be written or trusted
+            PLAN_REFUSALS.add(1, {"reason": "quorum_lost"})  # logged once, by the watch
+            return Plan(ok=False, reason=refusal)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:

@@ -11,14 +11,19 @@ status, so ``kubectl get computenodes`` shows the fleet.
   (``hcs_bus.ordering``); ``lastReport`` is when the bus server received the
   one held, never the agent's clock; a fingerprint claiming a boot in the
   future of its receipt is dead-lettered (``hcs_bus.clocks``).
-* ``python -m scheduler.report.computenode_loop`` — runs it (Deployment ``hcs-mirror``).
+* ``python -m scheduler.report.computenode_loop`` — runs it with metering
+  (Deployment ``hcs-mirror``, two replicas). Both replicas follow the bus; only
+  the one holding the Lease ``hcs-mirror`` (``hcs_bus.leases``) writes
+  ComputeNode status, ComputeQuota usage and usage alerts. A replica that
+  takes over writes every node it holds at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +33,7 @@ from hcs_bus import streams, subjects, tasks
 from hcs_bus.bus import Bus, Consumer, Delivery, connect
 from hcs_bus.clocks import DEFAULT_CLOCK_SKEW_TOLERANCE_S
 from hcs_bus.errors import KubeError
+from hcs_bus.leases import Leader, LeaseTerms, identity
 from hcs_bus.messages import HealthEvent, NodeFingerprint
 from hcs_bus.ordering import FingerprintOrder
 from hcs_bus.telemetry import logger
@@ -141,6 +147,7 @@ class Mirror:
     outs: dict[str, dict[int, outages.Outage]] = field(default_factory=dict)
     written: dict[str, float] = field(default_factory=dict)
     writes: int = 0
+    leading: bool = True  # False: follow the bus, write nothing (another replica leads)
     order: FingerprintOrder = field(default_factory=FingerprintOrder)
     _dirty: set[str] = field(default_factory=set)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -191,6 +198,14 @@ class Mirror:
                 self.outs[event.node] = outages.track(self.outs.get(event.node, {}), event)
                 self._mark(event.node)
 
+    def lead(self, leading: bool) -> None:
+        """Start or stop writing; a new leader writes every node it holds."""
+        self.leading = leading
+        if leading:
+            self.written.clear()
+            for node in self.fingerprints:
+                self._mark(node)
+
     def _mark(self, node: str) -> None:
         self._dirty.add(node)
         self._wake.set()
@@ -200,6 +215,8 @@ class Mirror:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if not self.leading:
+                continue  # the marks wait for leadership (``lead``)
             now = loop.time()
             due = [
                 n for n in self._dirty if now - self.written.get(n, -1e18) >= self.min_interval_s
@@ -232,6 +249,29 @@ class Mirror:
             self._mark(node)
 
 
+MIRROR_LEASE = "hcs-mirror"
+
+
+def lease_terms() -> LeaseTerms:
+    """The Lease the mirror replicas elect on: ``hcs-mirror`` in the pod's
+    namespace (``POD_NAMESPACE``, else ``hcs-system``), kube-scheduler's terms."""
+    return LeaseTerms(
+        lease_name=MIRROR_LEASE, lease_namespace=os.environ.get("POD_NAMESPACE") or "hcs-system"
+    )
+
+
+class _Leads(Protocol):
+    def lead(self, leading: bool) -> None: ...
+
+
+def _both(*parts: _Leads) -> Callable[[bool], None]:
+    def on_change(leading: bool) -> None:
+        for part in parts:
+            part.lead(leading)
+
+    return on_change
+
+
 async def _main() -> None:
     from hcs_bus import kube as kube_module
     from hcs_bus import settings as settings_module
@@ -245,12 +285,22 @@ async def _main() -> None:
         _log.error("mirror_needs_kubernetes")
         return
     bus = await connect(settings.bus, name="hcs-mirror")
-    mirror = Mirror(bus, kube, clock_skew_tolerance_s=settings.scheduler.clock_skew_tolerance_s)
+    mirror = Mirror(
+        bus,
+        kube,
+        clock_skew_tolerance_s=settings.scheduler.clock_skew_tolerance_s,
+        leading=False,
+    )
+    meter = Meter(bus, kube, leading=False)  # ComputeQuota status.usage, counters, alerts
+    leader = Leader(
+        kube, identity=identity(), settings=lease_terms(), on_change=_both(mirror, meter)
+    )
     await mirror.start()
-    meter = Meter(bus, kube)  # usage metering: ComputeQuota status.usage, counters, alerts
     await meter.start()
+    election = tasks.start(leader.run(), name="mirror:lease")
     tasks.long_lived()
     await tasks.stop_event().wait()
+    await tasks.stop(election)
     await meter.stop()
     await mirror.stop()
     await kube.close()

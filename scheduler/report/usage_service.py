@@ -13,7 +13,14 @@
   namespace's share of its quota reaches ``alert_share``, once per crossing
   (again after it fell below ``rearm_share``).
 
-It runs in the mirror process (``python -m scheduler.report.computenode_loop``), one replica.
+It runs in the mirror process (``python -m scheduler.report.computenode_loop``),
+two replicas: both follow ``HCS_ALLOC``, keep the totals, judge the shares and
+export the counters (the same figures from the same stream: a replica that
+restarts while the other runs leaves no reset in ``max without (pod)``; both
+restarted rebuild them from the stream, exact while it holds every allocation,
+``bus.alloc_max_age_s``); only the Lease holder (``leading``) writes
+``status.usage`` and publishes alerts. A follower tracks the crossings too, so
+a new leader does not alert again for a crossing already alerted.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ class Meter:
     alerting: frozenset[str] = frozenset()
     alerts: int = 0
     writes: int = 0
+    leading: bool = True  # False: write and publish nothing (another replica leads)
     _exported: dict[Key, Usage] = field(default_factory=dict)
     _follower: Follower[AllocationEvent] | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -93,6 +101,9 @@ class Meter:
         if self._follower is not None:
             await self._follower.stop()
             self._follower = None
+
+    def lead(self, leading: bool) -> None:
+        self.leading = leading
 
     @property
     def caught_up(self) -> asyncio.Event:
@@ -169,7 +180,7 @@ class Meter:
             self.limits[namespace] = (found[1], limits)
         mine = {k: v for k, v in window.items() if k[0] == namespace}
         status = usage_status(mine, holding=holding, share=share, now=now, window_s=self.window_s)
-        for quota in quotas:
+        for quota in quotas if self.leading else ():
             name = str((quota.get("metadata") or {}).get("name", ""))
             try:
                 await self.kube.patch_compute_quota_usage(namespace, name, status)
@@ -179,6 +190,8 @@ class Meter:
         return share
 
     async def _alert(self, namespace: str, *, holding: Held, now: float) -> None:
+        if not self.leading:
+            return  # the leader alerts; this replica only keeps the crossing
         share = self.shares[namespace]
         resource, hard = self.limits[namespace]
         alert = UsageAlert(

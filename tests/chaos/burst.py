@@ -230,7 +230,15 @@ async def _health_codes(bus: Bus) -> list[int]:
     """The code of every chaos event HCS_HEALTH holds, in stream order."""
     codes: list[int] = []
     done = asyncio.Event()
-    info = await bus.js.stream_info(streams.HEALTH)
+    async with asyncio.timeout(30):  # a server just back may still be catching up
+        while True:
+            try:
+                info = await bus.js.stream_info(
+                    streams.HEALTH,
+                )
+                break
+            except Exception:  # no leader to answer yet; the API times out
+                await asyncio.sleep(0.2)
     last = info.state.last_seq
 
     async def on_msg(msg: Any) -> None:

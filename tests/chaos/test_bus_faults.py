@@ -1,7 +1,8 @@
 """Losing a NATS server under load loses nothing: while two scheduler replicas
 plan, bind and release and a probe sends numbered health events, the ledger's
 stream leader is killed (-9), a follower is frozen (SIGSTOP), and two of the
-three servers are restarted one after the other. After each: no device booked
+three servers are restarted one after the other; the leader of the health
+stream and the JetStream meta leader (named by ``/jsz``) are killed (-9) too. After each: no device booked
 twice, every acknowledged reservation still held, every acknowledged health
 event stored once with no gap in the numbers, and binds answered again within
 10 s of the quorum being whole: two servers up with a leader for every stream
@@ -15,7 +16,9 @@ its length past that changes nothing the clients see."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
@@ -74,6 +77,65 @@ async def test_killing_the_ledgers_leader_loses_nothing_and_books_nothing_twice(
     await burst.wait_binds(20)
     nats_cluster.by_name(leader).start()
     await _settle_and_check(burst, cluster_bus, nats_cluster)
+
+
+def _meta_leader_or_none(cluster: NatsCluster) -> str | None:
+    """The server leading the JetStream meta group, as a running server's
+    monitoring endpoint (``/jsz``) names it; None while none does."""
+    for index, server in enumerate(cluster.servers):
+        if server.process is None:
+            continue
+        url = f"http://127.0.0.1:{cluster.monitor_ports[index]}/jsz"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as answer:
+                leader = json.load(answer).get("meta_cluster", {}).get("leader")
+        except OSError:
+            continue
+        if leader:
+            return str(leader)
+    return None
+
+
+def _meta_leader(cluster: NatsCluster) -> str:
+    leader = _meta_leader_or_none(cluster)
+    assert leader is not None, "no server names a meta leader"
+    return leader
+
+
+async def test_killing_the_health_streams_leader_loses_no_event_and_books_nothing_twice(
+    burst: Burst, cluster_bus: Bus, nats_cluster: NatsCluster
+) -> None:
+    await burst.wait_binds(20)
+    await burst.wait_health(20)
+    victim = await leader_of(cluster_bus, streams.HEALTH)
+    nats_cluster.by_name(victim).signal(signal.SIGKILL)
+    quorum = await _quorum_without(cluster_bus, victim)
+    killed = len(burst.health_acked)
+    assert await burst.serving_after(quorum) <= SERVING_WITHIN_S
+    await burst.wait_health(killed + 20)  # events go on being stored without the old leader
+    await burst.wait_binds(20)
+    nats_cluster.by_name(victim).start()
+    await _settle_and_check(burst, cluster_bus, nats_cluster)
+
+
+async def test_killing_the_meta_leader_loses_nothing_and_books_nothing_twice(
+    burst: Burst, cluster_bus: Bus, nats_cluster: NatsCluster
+) -> None:
+    await burst.wait_binds(20)
+    victim = await asyncio.to_thread(_meta_leader, nats_cluster)
+    nats_cluster.by_name(victim).signal(signal.SIGKILL)
+    async with asyncio.timeout(30):  # the other two elect a meta leader among them
+        while (found := await asyncio.to_thread(_meta_leader_or_none, nats_cluster)) in (
+            None,
+            victim,
+        ):
+            await asyncio.sleep(0.2)
+    quorum = await _quorum_without(cluster_bus, victim)
+    assert await burst.serving_after(quorum) <= SERVING_WITHIN_S
+    await burst.wait_binds(20)
+    nats_cluster.by_name(victim).start()
+    await _settle_and_check(burst, cluster_bus, nats_cluster)
+    assert found != victim
 
 
 async def test_a_frozen_follower_neither_stops_the_ledger_nor_loses_anything(

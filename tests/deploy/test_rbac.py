@@ -22,8 +22,12 @@ CODE: dict[str, tuple[str, ...]] = {
     "hcs-agent": ("agents", "hcs_bus/permissions.py"),
     "hcs-scheduler": ("scheduler",),
     "hcs-injector": ("injector",),
-    "hcs-healer": ("healer",),
-    "hcs-mirror": ("scheduler/report/computenode_loop.py", "scheduler/report/usage_service.py"),
+    "hcs-healer": ("healer", "hcs_bus/leases.py"),
+    "hcs-mirror": (
+        "scheduler/report/computenode_loop.py",
+        "scheduler/report/usage_service.py",
+        "hcs_bus/leases.py",
+    ),
 }
 EXCLUDED = {
     "hcs-scheduler": ("scheduler/report/computenode_loop.py", "scheduler/report/usage_service.py")
@@ -98,7 +102,7 @@ def test_each_service_account_holds_exactly_the_rules_its_code_calls(
 
 
 def test_the_scan_sees_the_calls_that_matter() -> None:
-    healer = kube_methods_called(_files(("healer",)))
+    healer = kube_methods_called(_files(CODE["hcs-healer"]))
     assert {"evict_pod", "update_node_taints", "replace_lease"} <= healer
     assert "patch_compute_node_status" in kube_methods_called(
         _files(("scheduler/report/computenode_loop.py",))
