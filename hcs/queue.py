@@ -7,9 +7,12 @@ ACU and VRAM) and the ComputeQuotas (the cluster's, else
 
 * each namespace's guaranteed / used / borrowed / ceiling (ACU and VRAM) and
   its weighted dominant share (``scheduler.quota.share_rules``);
-* the queue: gangs admitted and not yet bound (their pledges), in the shared
-  pool's order (priority, weighted dominant share, age, key), each with its
-  position and reason;
+* the queue, in the shared pool's order (priority, weighted dominant share,
+  age, key), each with its position and reason: the gangs waiting whole
+  (their gang records ``gangs=<namespace>=<job>=<run>``, pinned: holding
+  nothing; the reason names the ceiling, or the guarantees of other waiting
+  namespaces their borrowing would take, else the room they wait for) and
+  the pods admitted and not yet bound (their pledges);
 * the running gangs (reservations grouped by job, else by pod).
 """
 
@@ -17,15 +20,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from hcs_bus import kube as kube_mod
+from hcs_bus import kvkeys, streams
 from hcs_bus.bus import Bus
 from hcs_bus.messages import NodeReservations
 from hcs_bus.settings import Settings
 from scheduler.ledger import audit_store
 from scheduler.ledger.pledge_rules import NamespacePledges
+from scheduler.plan import gang_records
+from scheduler.plan.gang_records import GangRecord
 from scheduler.plan.rules import HOLDING, ClassStats, QuotaLimits, summarise
+from scheduler.quota import gang_pool
 from scheduler.quota import share_rules as rules
 from scheduler.quota.share_rules import Amount, Job
 from scheduler.quota.source import QuotaSource, read_file
@@ -90,6 +98,49 @@ def _waiting(docs: Iterable[NamespacePledges]) -> list[Job]:
     return out
 
 
+ADMITTED = "admitted; its pledge holds room until the pod is bound"
+
+
+def _gangs(found: Iterable[GangRecord]) -> dict[str, tuple[Job, GangRecord]]:
+    """The gangs waiting whole (pinned records), as the gang loop ranks them."""
+    out = {}
+    for record in found:
+        if record.state == "pinned":
+            job = gang_pool.waiting_job(record, priority=record.priority)
+            key = "/".join(p for p in (record.namespace, record.job, record.run) if p)
+            out[key] = (replace(job, key=key), record)
+    return out
+
+
+def _gang_reason(
+    job: Job,
+    record: GangRecord,
+    *,
+    classes: Mapping[str, ClassStats],
+    used: Mapping[str, Amount],
+    shares: Mapping[str, rules.Share],
+    pool: Amount,
+    hungry: frozenset[str],
+) -> str:
+    devices = job.ranks * job.devices_per_rank
+    stats = classes.get(record.class_key)
+    if stats is not None:
+        ask = Amount(stats.acu * devices, stats.vram_mib * devices)
+        held = Amount()
+        for amount in used.values():
+            held += amount
+        ceiling = shares[job.namespace].ceiling
+        over = ceiling is not None and not (used.get(job.namespace, Amount()) + ask).within(ceiling)
+        if over or ask.within((pool - held).floor0()):  # else: it waits for room
+            why = rules.entitled(job, ask, used=used, shares=shares, pool=pool, hungry=hungry)
+            if why:
+                return f"gang waits whole, holding nothing: {why}"
+    return (
+        f"gang waits whole, holding nothing: {record.size} ranks need {devices} "
+        f"{record.class_key} devices free at once"
+    )
+
+
 def view(
     ledger: Iterable[NodeReservations],
     pledges: Iterable[NamespacePledges],
@@ -97,10 +148,13 @@ def view(
     limits: Mapping[str, QuotaLimits | None],
     pool: Amount,
     now: float,
+    gangs: Iterable[GangRecord] = (),
+    classes: Mapping[str, ClassStats] | None = None,
 ) -> dict[str, Any]:
     """The queue and the namespaces' shares (pure: what ``hcs queue`` prints)."""
     running = _running(ledger)
-    waiting = _waiting(pledges)
+    waiting_gangs = _gangs(gangs)
+    waiting = _waiting(pledges) + [job for job, _ in waiting_gangs.values()]
     used: dict[str, Amount] = {}
     for job, amount in running.values():
         used[job.namespace] = used.get(job.namespace, Amount()) + amount
@@ -108,6 +162,19 @@ def view(
     shares = {ns: rules.share_of(ns, limits.get(ns), pool=pool) for ns in names}
     dominant = rules.shares_of(used, shares, pool=pool)
     order = rules.queue_order(waiting, dominant=dominant)
+    hungry = frozenset(job.namespace for job, _ in waiting_gangs.values())
+    reasons = {
+        key: _gang_reason(
+            job,
+            record,
+            classes=classes or {},
+            used=used,
+            shares=shares,
+            pool=pool,
+            hungry=hungry,
+        )
+        for key, (job, record) in waiting_gangs.items()
+    }
     return {
         "pool": {"acu": round(pool.acu, 3), "vram_mib": pool.vram_mib},
         "namespaces": [
@@ -120,7 +187,7 @@ def view(
                 "namespace": j.namespace,
                 "priority": j.priority,
                 "waited_s": round(max(now - j.since_s, 0.0), 1),
-                "reason": "admitted; its pledge holds room until the pod is bound",
+                "reason": reasons.get(j.key, ADMITTED),
             }
             for i, j in enumerate(order)
         ],
@@ -245,8 +312,22 @@ async def run(bus: Bus, settings: Settings, *, as_json: bool, now: float) -> int
     ledger = await audit_store.read_ledger(bus)
     pledges = await audit_store.read_pledges(bus)
     classes = await pool_and_classes(bus, settings)
+    gangs = [
+        gang_records.DECODER.decode(value)
+        for _, value in await kvkeys.stored_values(
+            bus, streams.KV_ALLOC, wanted=gang_records.is_gang_key
+        )
+    ]
     seen = {r.pod.namespace for doc in ledger.values() for r in doc.reservations} | set(pledges)
-    limits = await quota_limits(settings, seen)
-    found = view(ledger.values(), pledges.values(), limits=limits, pool=pool_of(classes), now=now)
+    limits = await quota_limits(settings, seen | {g.namespace for g in gangs})
+    found = view(
+        ledger.values(),
+        pledges.values(),
+        limits=limits,
+        pool=pool_of(classes),
+        now=now,
+        gangs=gangs,
+        classes=classes,
+    )
     print(render(found, as_json=as_json))
     return 0

@@ -98,6 +98,7 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "list_compute_quotas": (ApiCall(CRD_GROUP, "computequotas", ("list",)),),
     "patch_compute_quota_usage": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
     "patch_compute_quota_used": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
+    "patch_compute_quota_conditions": (ApiCall(CRD_GROUP, "computequotas/status", ("patch",)),),
     "patch_compute_node_status": (
         ApiCall(CRD_GROUP, "computenodes/status", ("patch",)),
         ApiCall(CRD_GROUP, "computenodes", ("create",)),
@@ -604,8 +605,17 @@ class Kube:
         for the namespace: reservations and pledges); the rest is left alone."""
         return await self._patch_compute_quota_status(namespace, name, field="used", value=used)
 
+    async def patch_compute_quota_conditions(
+        self, namespace: str, name: str, conditions: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Merge-patch ``status.conditions`` of a ComputeQuota (the shared
+        pool's ``GuaranteeFits``); the rest of its status is left alone."""
+        return await self._patch_compute_quota_status(
+            namespace, name, field="conditions", value=conditions
+        )
+
     async def _patch_compute_quota_status(
-        self, namespace: str, name: str, *, field: str, value: dict[str, Any]
+        self, namespace: str, name: str, *, field: str, value: dict[str, Any] | list[dict[str, Any]]
     ) -> dict[str, Any]:
         """Merge-patch one field of a ComputeQuota's status, the others left alone."""
         return await self._call(

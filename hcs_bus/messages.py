@@ -317,7 +317,9 @@ class CheckpointRequest(_Frozen, frozen=True, tag="checkpoint_request", tag_fiel
 class UsageAlert(_Frozen, frozen=True, tag="usage_alert", tag_field="type"):
     """A namespace holds at least ``threshold`` of its ComputeQuota (VRAM or
     ACU, whichever is tighter): core subject ``hcs.usage.<namespace>``, once
-    per crossing (the metering service, ``scheduler.report.usage_service``)."""
+    per crossing (the metering service, ``scheduler.report.usage_service``).
+    ``kind`` "reclaim": a gang of the namespace was taken back by the shared
+    pool (the scheduler's gang loop), one alert per gang."""
 
     namespace: str
     resource: str
@@ -331,6 +333,11 @@ class UsageAlert(_Frozen, frozen=True, tag="usage_alert", tag_field="type"):
     acu_hard: float | None = None
     severity: Severity = "warning"
     message: str = ""
+    # "usage" (above): a crossing; "reclaim": the scheduler took back the borrowed
+    # gang ``gang`` of this namespace for ``reclaimed_for`` (held_*: what it took)
+    kind: str = "usage"
+    gang: str = ""
+    reclaimed_for: str = ""
     v: int = 1
 
 

@@ -460,6 +460,8 @@ class Pledger:
         ns = ref.namespace
         if quota is None:  # nothing to hold a copied note to: the reservation
             return "", pledge_id  # carries the id, which retires the pledge
+        if self._gang_rank(ref, pledge_id):  # held by its gang's record, counted
+            return "", pledge_id  # there until the reservation carrying it retires it
         refused: pledges.Spend | None = None
         if pledge_id:
             own = await self._spend_own(ref, pledge_id)
@@ -490,6 +492,14 @@ class Pledger:
         if done.outcome:
             PLEDGES.add(1, {"outcome": done.outcome})
         return done.refusal, done.pledge
+
+    def _gang_rank(self, ref: PodRef, pledge_id: str) -> bool:
+        """Whether ``pledge_id`` is the rank pledge a pledged gang's record made
+        for this pod (the gang loop pledged it under the quota already)."""
+        if not pledge_id:
+            return False
+        found = next((p for p in self.gangs.pledges(ref.namespace) if p.id == pledge_id), None)
+        return found is not None and pledges.verdict(found, ref=ref).outcome in ("spend", "again")
 
     async def _spend_own(self, ref: PodRef, pledge_id: str) -> str | pledges.Spend | None:
         """Spend a pledge kept under its own key: its id when spent (or

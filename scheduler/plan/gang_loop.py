@@ -27,14 +27,18 @@ scheduler (from the API server's watch cache) and, per gang record
   When a gang of a namespace below its guarantee waits for room, the
   newest pledged gangs of namespaces above theirs are taken back (never a
   namespace below its own guarantee; within ``reclaim_acu_per_min``): each
-  victim's record goes back to pinned in ONE compare-and-set (of several
-  replicas only the writer acts), then its members are evicted (the
+  victim's record is deleted in ONE compare-and-set (of several replicas
+  only the deleter acts; its room is no longer held for it), then its
+  members are evicted (the
   checkpoint sidecar's periodic checkpoints are what they resume from) and
   both sides get an Event (``Reclaimed`` on the victim's members,
   ``ReclaimedFor`` on the waiting gang's) and one alert goes on the bus
   (``UsageAlert`` kind ``reclaim`` on ``hcs.usage.<victim's namespace>``,
-  core NATS: lost when no one listens). The victim's members come back
-  behind the gate and wait like any gang;
+  core NATS: lost when no one listens). Members still on their nodes
+  whose gang holds no pledge are leaving: their devices count as being
+  freed, so one shortfall is reclaimed once. Members the victim's
+  controller makes again are admitted behind the gate and wait like any
+  gang;
 * pledged, and a member behind HCS's gate came after the pledge (the gang's
   members were replaced: the healer restarted it): back to pinned, its
   pledges dropped, so it is pledged again whole (``records.restarted``);
@@ -54,7 +58,7 @@ from typing import Any, Protocol
 import msgspec
 from nats.js.kv import KeyValue
 
-from hcs_bus import kvcas, messages, subjects
+from hcs_bus import kvcas, messages, plannotes, subjects, vocabulary
 from hcs_bus.errors import HcsError, KubeConflict, KubeInvalid, KubeNotFound
 from hcs_bus.messages import Policy, UsageAlert
 from hcs_bus.profiles import ProfileDB
@@ -145,7 +149,7 @@ class GangLoop:
         self.clock, self.quotas, self.reclaim_acu_per_min = clock, quotas, reclaim_acu_per_min
         self._reclaimed: list[tuple[float, float]] = []  # (time, ACU) of this replica's reclaims
         self.publish = publish
-        self._bound: dict[str, int] = {}  # gang key -> members on a node (this round's list)
+        self._leaving: dict[str, int] = {}  # class -> devices of members leaving (this round)
         self._deferred = ""  # the last reclaim refused, logged once
         self._wake = asyncio.Event()
         self._told: dict[str, str] = {}  # gang key -> the reason its members were told
@@ -175,14 +179,14 @@ class GangLoop:
             return 0  # no gang: nothing to list
         pods = await self.kube.list_pods(field_selector=self.selector, cached=True)
         members: dict[str, list[dict[str, Any]]] = {}
-        bound: dict[str, int] = {}  # gang key -> its members on a node, leaving or not
+        on_nodes: list[tuple[str, dict[str, Any]]] = []  # gang members on a node
         for pod in pods:
             key = records.gang_key_of(pod)
             if key and not _finished(pod):
                 members.setdefault(key, []).append(pod)
             if key and (pod.get("spec") or {}).get("nodeName") and not _ended(pod):
-                bound[key] = bound.get(key, 0) + 1
-        self._bound = bound
+                on_nodes.append((key, pod))
+        self._leaving = self._unpledged(on_nodes)
         ready: list[_Ready] = []
         for record, revision in self.known.all():
             live = members.get(record.key, [])
@@ -303,7 +307,7 @@ class GangLoop:
         found = pool.reclaim(
             waiting,
             free=free,
-            freeing=self._freeing(),
+            freeing=self._leaving,
             budget_acu=self.reclaim_acu_per_min
             - sharing.spent_last_minute(self._reclaimed, now=now),
         )
@@ -323,15 +327,20 @@ class GangLoop:
         assert found is not None
         return found[0]
 
-    def _freeing(self) -> dict[str, int]:
-        """Devices per class of pinned gangs whose members are still on nodes
-        (taken back, leaving): reclaimed already, so not taken again."""
+    def _unpledged(self, on_nodes: list[tuple[str, dict[str, Any]]]) -> dict[str, int]:
+        """Devices per class (their plan notes) of gang members on nodes whose
+        gang holds no pledge (taken back, leaving): reclaimed already."""
         out: dict[str, int] = {}
-        for record, _ in self.known.all():
-            on = self._bound.get(record.key, 0)
-            if record.state == "pinned" and on:
-                per = gang_pool.devices_per_rank(record)
-                out[record.class_key] = out.get(record.class_key, 0) + on * per
+        for key, pod in on_nodes:
+            found = self.known.get(key)
+            if found is not None and found[0].state == "pledged":
+                continue
+            notes = (pod.get("metadata") or {}).get("annotations") or {}
+            try:
+                note = plannotes.decode(str(notes.get(vocabulary.PLAN) or ""))
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                continue  # no plan: nothing HCS counts for it
+            out[note.key] = out.get(note.key, 0) + note.devices
         return out
 
     async def _take(
@@ -342,8 +351,8 @@ class GangLoop:
         reclaim: sharing.Reclaim,
         members: dict[str, list[dict[str, Any]]],
     ) -> None:
-        """One victim: its record back to pinned (the writer alone goes on),
-        its members evicted, both sides told."""
+        """One victim: its record deleted (the deleter alone goes on), its
+        members evicted, both sides told."""
         found = self.known.get(victim.key)
         if found is None:
             return
@@ -352,7 +361,7 @@ class GangLoop:
         def decide(seen: GangRecord | None) -> kvcas.Change[GangRecord, bool]:
             if seen is None or seen != record or seen.state != "pledged":
                 return kvcas.Keep(False)
-            return kvcas.Put(records.reset(seen), True)
+            return kvcas.Delete(True)
 
         won = await kvcas.update(
             self.kv,
@@ -361,7 +370,6 @@ class GangLoop:
             decode=records.DECODER.decode,
             encode=records.ENCODER.encode,
             known=kvcas.Read(record, revision),
-            seen=lambda read: self._seen(record.key, read),
         )
         if not won:
             return

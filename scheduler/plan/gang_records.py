@@ -34,7 +34,7 @@ from hcs_bus.profiles import ProfileDB
 from scheduler.ledger.pledge_rules import Held, Pledge, per_class
 from scheduler.plan import gang_rules as ganging
 from scheduler.plan import rules as planning
-from scheduler.plan.rules import summarise
+from scheduler.plan.rules import ClassStats, named, summarise
 from scheduler.view.state import ClusterState
 
 KEY_PREFIX = "gangs="
@@ -216,6 +216,8 @@ def pin(
     best: tuple[int, int, str] | None = None
     for key in sorted(classes):
         stats = classes[key]
+        if not _may_take(gang, stats, profiles):
+            continue  # the members' policy keeps the gang off this class
         one = pinned_to(gang, vendor=stats.vendor, model=stats.model)
         found = ganging.plan_gang(state, one, held=held, profiles=profiles)
         if found.ok or found.waits:
@@ -226,6 +228,20 @@ def pin(
         return Pin(refusal=plan.reason)
     vendor, _, model = best[2].partition("/")
     return Pin(vendor, model, ganging.library_of(vendor))
+
+
+def _may_take(gang: ganging.Gang, stats: ClassStats, profiles: ProfileDB) -> bool:
+    """Whether the gang's policy lets it wait on ``stats``'s class: a named
+    vendor, and a named model unless substitution is ``allow``."""
+    policy = gang.members[0].policy if gang.members else None
+    if policy is None:
+        return True
+    vendors = {v.lower() for v in policy.vendors}
+    if vendors and stats.vendor.lower() not in vendors:
+        return False
+    if policy.models and policy.substitution != "allow":
+        return named(stats, policy.models, profiles)
+    return True
 
 
 def waiting_held(

@@ -771,11 +771,13 @@ def admit_order(
     starvation_s: float,
     held: Mapping[str, Held] | None = None,
     profiles: ProfileDB | None = None,
+    rank: Mapping[str, int] | None = None,
 ) -> Admission:
     """Which waiting gangs start now.
 
     Gangs are taken by priority (highest first), then age (``since_s``,
-    oldest first), then name. Each is planned whole (``plan_gang``) against
+    oldest first), then name; or, given ``rank`` (gang name → place in a
+    queue order, such as the shared pool's), in that order. Each is planned whole (``plan_gang``) against
     the room the gangs started before it in this call left, so the gangs
     started never exceed the room together, and no gang holds part of what
     it needs: two gangs that each fit alone but not together never
@@ -799,7 +801,7 @@ def admit_order(
     wait: list[GangPlan] = []
     refused: list[GangPlan] = []
     head: Claim | None = None
-    for gang in sorted(waiting, key=lambda g: (-g.priority, g.since_s, g.name)):
+    for gang in sorted(waiting, key=lambda g: _order_key(g, rank)):
         look = _Look.of(state, gang, held=held, placed=[*placed, *claimed], profiles=profiles)
         plan = _plan(look)
         if plan.ok:
@@ -821,6 +823,12 @@ def admit_order(
                     plan = replace(plan, reason=plan.reason + note)
             wait.append(plan)
     return Admission(start=tuple(start), waiting=tuple(wait), refused=tuple(refused), claim=head)
+
+
+def _order_key(gang: Gang, rank: Mapping[str, int] | None) -> tuple[object, ...]:
+    if rank is not None and gang.name in rank:
+        return (0, rank[gang.name], gang.name)
+    return (1, -gang.priority, gang.since_s, gang.name)
 
 
 def _claim(look: _Look) -> tuple[Claim | None, list[RankPlace]]:

@@ -8,7 +8,9 @@ the ceiling the namespace may borrow up to. ``spec.guaranteed`` (``vram``,
 is what the shared pool always gives back to it, and ``spec.weight`` its
 fair-share weight (``scheduler.quota.share_rules``). Several quotas in one
 namespace: the tightest of each wins. ``UsedWriter`` writes their
-``status.used`` from the ledger (reservations and pledges). The file::
+``status.used`` from the ledger (reservations and pledges) and, given the
+fleet's classes, their ``status.conditions`` (``GuaranteeFits``:
+``share_rules.guarantee_conditions``). The file::
 
     namespaces:
       ml-team: {vram: 640Gi, acu: 800, guaranteed: {acu: 400}, weight: 2}
@@ -20,10 +22,11 @@ Answers are cached for ``ttl_s``; a failing API keeps the last answer
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import yaml
@@ -35,9 +38,19 @@ from hcs_bus.telemetry import logger
 from hcs_bus.units import QuantityError, format_mib, parse_quantity, quantity_mib
 from scheduler.ledger.pledge_rules import Held
 from scheduler.ledger.reservation_store import Kube
-from scheduler.plan.rules import QuotaLimits, namespace_usage
+from scheduler.plan.gang_rules import library_of
+from scheduler.plan.rules import ClassStats, QuotaLimits, namespace_usage
+from scheduler.quota import share_rules as sharing
 
 _log = logger("hcs.scheduler.quotas")
+
+
+class StatusKube(Kube, Protocol):
+    """The Kube calls of ``UsedWriter``: the ledger's, and the conditions."""
+
+    async def patch_compute_quota_conditions(
+        self, namespace: str, name: str, conditions: list[dict[str, Any]]
+    ) -> dict[str, Any]: ...
 
 
 class _Amount(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -267,20 +280,29 @@ class UsedWriter:
     def __init__(
         self,
         *,
-        kube: Kube,
+        kube: StatusKube,
         quotas: QuotaSource,
         used: Callable[[], dict[str, Used]],
+        classes: Callable[[], Mapping[str, ClassStats]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.kube, self.quotas, self.used = kube, quotas, used
+        self.classes, self.clock = classes, clock
         self._written: dict[tuple[str, str], dict[str, Any]] = {}
+        self._told: dict[tuple[str, str], dict[str, Any]] = {}  # conditions written
+        self._since: dict[str, tuple[str, str]] = {}  # namespace -> (status, when it became so)
 
     async def write(self) -> int:
         """One round; how many quotas were patched."""
         now = self.used()
         count = 0
-        for ns in sorted(set(now) | set(self.quotas.names)):
-            await self.quotas.limits(ns)  # lists the quotas when the cache is old
+        names = sorted(set(now) | set(self.quotas.names))
+        limits = {ns: await self.quotas.limits(ns) for ns in names}  # lists when old
+        conditions = self._conditions(limits)
+        for ns in names:
             body = now.get(ns, Used()).body()
+            if ns in conditions:
+                count += await self._write_condition(ns, conditions[ns])
             for name in self.quotas.names.get(ns, ()):
                 if self._written.get((ns, name)) == body:
                     continue
@@ -293,6 +315,59 @@ class UsedWriter:
                     continue
                 self._written[(ns, name)] = body
                 count += 1
+        return count
+
+    def _conditions(self, limits: Mapping[str, QuotaLimits | None]) -> dict[str, dict[str, Any]]:
+        """``GuaranteeFits`` of each namespace with a quota, over the fleet's pool."""
+        if self.classes is None:
+            return {}
+        classes = self.classes()
+        if not classes:
+            return {}  # no fleet seen yet: nothing to judge against
+        class_pool: dict[str, sharing.Amount] = {}
+        for c in classes.values():
+            amount = sharing.Amount(c.acu * c.devices, c.vram_mib * c.devices)
+            for key in (c.key, library_of(c.vendor)):
+                class_pool[key] = class_pool.get(key, sharing.NONE) + amount
+        pool = sharing.NONE
+        for c in classes.values():
+            pool += sharing.Amount(c.acu * c.devices, c.vram_mib * c.devices)
+        quoted = {ns: lim for ns, lim in limits.items() if lim is not None}
+        found = sharing.guarantee_conditions(
+            {ns: sharing.share_of(ns, lim, pool=pool) for ns, lim in quoted.items()},
+            pool=pool,
+            by_class={ns: sharing.class_guarantees(lim) for ns, lim in quoted.items()},
+            class_pool=class_pool,
+        )
+        out = {}
+        for ns, cond in found.items():
+            was = self._since.get(ns)
+            if was is None or was[0] != cond.status:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+                self._since[ns] = was = (cond.status, stamp)
+            out[ns] = {
+                "type": cond.type,
+                "status": cond.status,
+                "reason": cond.reason,
+                "message": cond.message,
+                "lastTransitionTime": was[1],
+            }
+        return out
+
+    async def _write_condition(self, ns: str, condition: dict[str, Any]) -> int:
+        count = 0
+        for name in self.quotas.names.get(ns, ()):
+            if self._told.get((ns, name)) == condition:
+                continue
+            try:
+                await self.kube.patch_compute_quota_conditions(ns, name, [condition])
+            except HcsError as exc:
+                _log.warning(
+                    "quota_conditions_write_failed", namespace=ns, quota=name, error=str(exc)
+                )
+                continue
+            self._told[(ns, name)] = condition
+            count += 1
         return count
 
     async def run(self, *, every_s: float = 2.0) -> None:

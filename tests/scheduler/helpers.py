@@ -243,6 +243,15 @@ class FakeKube:
                 return quota
         raise KeyError(name)
 
+    async def patch_compute_quota_conditions(
+        self, namespace: str, name: str, conditions: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        for quota in self.quotas.get(namespace, []):
+            if quota["metadata"]["name"] == name:
+                quota.setdefault("status", {})["conditions"] = conditions
+                return quota
+        raise KeyError(name)
+
     async def list_pods(self, **_selectors: Any) -> list[dict[str, Any]]:
         return list(self.pods.values())
 

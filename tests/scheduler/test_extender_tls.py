@@ -99,6 +99,20 @@ async def test_a_certificate_from_another_ca_is_refused_at_the_handshake(
         await _call(sched.port, "/bind", context=context, body=bind)
 
 
+async def test_a_serving_certificate_of_the_same_ca_is_no_client_certificate(
+    bus: Bus, start_scheduler: Start, pki: Pki
+) -> None:
+    """A webhook's or the extender's own certificate, even named as kube-scheduler,
+    is for server auth only: the handshake refuses it as a client's."""
+    sched = await start_scheduler(bus, **_tls_settings(pki))
+    assert sched.port is not None
+    server_only = pki.serving("impostor", names=(KUBE_SCHEDULER,))
+    context = _client(pki, server_only)
+    bind = k8s_doc("extender-binding-args.json")
+    with pytest.raises((aiohttp.ClientSSLError, aiohttp.ClientOSError)):
+        await _call(sched.port, "/bind", context=context, body=bind)
+
+
 async def test_the_console_and_api_are_not_on_the_extenders_port(
     bus: Bus, start_scheduler: Start, pki: Pki
 ) -> None:

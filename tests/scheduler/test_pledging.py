@@ -398,3 +398,43 @@ async def test_a_plan_that_pledges_without_naming_its_admission_and_pod_is_refus
     named = await ask_plan(bus, _request(3), timeout_s=5.0)
     assert named.ok and named.pledge, named.reason
     assert [p.admission for p in await _stored(bus)] == ["admission-3"]
+
+
+async def test_a_gang_ranks_pledge_is_spent_at_bind_under_a_quota_without_a_second_pledge(
+    bus: Bus,
+) -> None:
+    """The gang loop pledged the rank under the quota already: its bind takes
+    that pledge (the reservation carries its id) instead of re-planning a
+    fresh one that would count the rank twice."""
+    from scheduler.plan import gang_records
+
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    book = Pledger(kv=kv, summary=lambda: planning.Summary(classes={}, usage={}), ttl_s=600.0)
+    rank = pledges.Pledge(
+        id="rank-0",
+        vendor="nvidia",
+        model="A100-80G",
+        devices=1,
+        vram_mib_per_device=81920,
+        whole_device=True,
+        name="train-0",
+    )
+    record = gang_records.GangRecord(
+        namespace="ml",
+        job="train",
+        run="u1",
+        size=1,
+        vendor="nvidia",
+        model="A100-80G",
+        state="pledged",
+        ranks=(gang_records.RankPledge(pod="train-0", node="gpu-0", pledge=rank),),
+    )
+    book.apply(record.key, msgspec.json.encode(record), 1)
+    sizing = WHOLE  # one whole A100-80G, as the rank's plan note says
+    quota = planning.QuotaLimits(vram_mib=81920)
+    mine = PodRef(namespace="ml", name="train-0", uid="u-0")
+    assert await book.spend(mine, "rank-0", sizing=sizing, quota=quota) == ("", "rank-0")
+    assert await _stored(bus) == []  # nothing written: the record holds it
+    copied = PodRef(namespace="ml", name="intruder", uid="u-9")
+    refusal, _ = await book.spend(copied, "rank-0", sizing=sizing, quota=quota)
+    assert "quota of namespace ml exceeded" in refusal  # the rank holds the quota
