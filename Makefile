@@ -40,6 +40,8 @@ bench:
 	$(PY) -m bench.extender
 	$(PY) -m bench.webhook
 	$(PY) -m bench.heal
+	HCS_KUBE_BIN=$${HCS_KUBE_BIN:-$$(../shared/kube/unpack.sh)} $(PY) -m bench.throughput
+	HCS_KUBE_BIN=$${HCS_KUBE_BIN:-$$(../shared/kube/unpack.sh)} $(PY) -m bench.gangs
 	$(MAKE) -C interceptor_c bench
 
 clean:

@@ -75,6 +75,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +111,10 @@ ON_NODES = ("kubelets", "agents", "bench")
 BUS = "nats-server"  # counted with Kubernetes's processes, but it carries HCS's messages
 
 
-def fleet_file(nodes: int, folder: Path) -> Path:
+def fleet_file(nodes: int, folder: Path, *, report_interval_s: float = 5) -> Path:
     """``nodes`` nodes × 8 devices, the five classes in turn, two network groups."""
     doc = {
-        "report_interval_s": 5,
+        "report_interval_s": report_interval_s,
         "noise_pct": 0.5,
         "seed": 3,
         "nodes": [
@@ -131,12 +132,23 @@ def fleet_file(nodes: int, folder: Path) -> Path:
     return path
 
 
-class Watcher(threading.Thread):
-    """Watches a namespace's pods; records when each was first seen Running."""
+def is_running(pod: dict[str, Any]) -> bool:
+    return bool(pod.get("status", {}).get("phase") == "Running")
 
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
+
+class Watcher(threading.Thread):
+    """Watches a namespace's pods; records when each was first seen Running
+    (or, with ``done``, first seen as ``done`` says)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        *,
+        done: Callable[[dict[str, Any]], bool] = is_running,
+    ) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.namespace = cluster, namespace
+        self.cluster, self.namespace, self.done = cluster, namespace, done
         self.running_at: dict[str, float] = {}
         self.last: dict[str, dict[str, Any]] = {}
         self.stopping = False
@@ -164,7 +176,7 @@ class Watcher(threading.Thread):
                 if not name:
                     continue
                 self.last[name] = pod
-                if pod.get("status", {}).get("phase") == "Running":
+                if self.done(pod):
                     self.running_at.setdefault(name, time.monotonic())
         finally:
             conn.close()

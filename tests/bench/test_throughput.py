@@ -1,0 +1,56 @@
+"""bench.throughput at a tiny scale on the real control plane (``HCS_KUBE_BIN``):
+its table has a row per burst and per kind's median, every pod is bound,
+none refused, and the last line is the ratio."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.cluster import ROOT, find_binaries
+
+NODES, PODS = 5, 20
+ROW = re.compile(
+    r"^(?P<label>\S+)\s+(?P<pods>\d+)\s+(?P<bound>\d+)\s+(?P<rate>[\d.]+)\s+(?P<p50>[\d.]+)"
+    r"\s+(?P<p99>[\d.]+)\s+(?P<refused>\d+)\s+(?P<rss>\d+)(?P<cpu>(\s+[\d.]+){7})$"
+)
+
+
+@pytest.mark.timeout(600)
+def test_a_tiny_run_binds_every_pod_of_both_kinds_and_ends_with_the_ratio() -> None:
+    found = find_binaries()
+    if isinstance(found, str):
+        pytest.skip(found)
+    argv = [sys.executable, "-m", "bench.throughput", "--nodes", str(NODES), "--pods", str(PODS)]
+    done = subprocess.run(
+        [*argv, "--rounds", "1", "--rest-s", "2", "--settle-s", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("burst"))
+    assert lines[header].split()[-7:] == [
+        "scheduler",
+        "injector",
+        "nats-server",
+        "kube-scheduler",
+        "kube-apiserver",
+        "etcd",
+        "others",
+    ]
+    rows = {m["label"]: m for line in lines[header + 1 :] if (m := ROW.match(line))}
+    assert set(rows) == {"plain-1", "hcs-1", "median-plain", "median-hcs"}, lines[header:]
+    for label, row in rows.items():
+        assert int(row["pods"]) == PODS and int(row["bound"]) == PODS, (label, row.group(0))
+        assert int(row["refused"]) == 0 and float(row["rate"]) > 0, (label, row.group(0))
+        assert float(row["p50"]) <= float(row["p99"]), (label, row.group(0))
+    assert int(rows["hcs-1"]["rss"]) > 0
+    last = re.fullmatch(rf"ratio bound/s hcs/plain: ([\d.]+) at {NODES} nodes", lines[-1])
+    assert last and float(last.group(1)) > 0, lines[-1]
