@@ -199,6 +199,7 @@ class Kind(enum.StrEnum):
     VERDICT = "verdict"
     ACTION = "action"
     BREAKER_OPEN = "breaker_open"
+    ISOLATED = "isolated"  # an isolation the breaker counted (its window, kept on the bus)
 
 
 _FATAL = (
@@ -237,6 +238,7 @@ _INFO = (
     Kind.VERDICT,
     Kind.ACTION,
     Kind.BREAKER_OPEN,
+    Kind.ISOLATED,
 )
 
 KIND_CLASSES: Final[Mapping[str, HealthClass]] = MappingProxyType(

@@ -73,7 +73,7 @@ ADOPTED = -2  # history index for a taint found on the Node, applied by a previo
 _READ_CONCURRENCY = 16  # Node reads in flight while adopting
 _EMPTY = Telemetry()
 _YIELD_EVERY = 25  # fingerprints judged between two turns of the event loop
-ISOLATED = "isolated"  # a healer event: an isolation the circuit breaker counted
+ISOLATED = vocabulary.Kind.ISOLATED  # a healer event: an isolation the circuit breaker counted
 HEALTH_BACKOFF_MAX_S = 30.0  # the longest wait between two deliveries of a health batch
 
 

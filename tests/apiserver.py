@@ -56,6 +56,7 @@ class ApiServer:
         self.quotas: dict[tuple[str, str], Obj] = {}
         self.computenodes: dict[str, Obj] = {}
         self.events: dict[tuple[str, str], Obj] = {}
+        self.jobs: dict[tuple[str, str], Obj] = {}
         self.requests: list[Request] = []
         self.rv = 1000
         self.url = ""
@@ -249,6 +250,7 @@ class ApiServer:
             "computequotas": self.quotas,
             "computenodes": self.computenodes,
             "events": self.events,
+            "jobs": self.jobs,
         }
         return tables[resource]
 

@@ -34,7 +34,7 @@ from tests.kube.semantics import (
 if TYPE_CHECKING:
     from tests.apiserver import ApiServer
 
-CORE, COORD, HCS = "", "coordination.k8s.io", "hcs.io"
+CORE, COORD, HCS, BATCH = "", "coordination.k8s.io", "hcs.io", "batch"
 Key = Any  # name (cluster-scoped) or (namespace, name)
 
 
@@ -564,4 +564,5 @@ ROUTES: dict[tuple[str, str, str], Callable[..., Any]] = {
     (COORD, "leases", "create"): _create,
     (COORD, "leases", "update"): _update,
     (HCS, "computenodes", "create"): _create,
+    (BATCH, "jobs", "get"): _get,
 }

@@ -24,6 +24,7 @@ KINDS = {
     "computequotas": ("hcs.io/v1alpha1", "ComputeQuota"),
     "computenodes": ("hcs.io/v1alpha1", "ComputeNode"),
     "events": ("v1", "Event"),
+    "jobs": ("batch/v1", "Job"),
 }
 MERGE_KEYS = {
     ("status", "conditions"): "type",

@@ -64,6 +64,19 @@ async def _quota_used(k: Kube, s: ApiServer) -> object:
     return await k.patch_compute_quota_used(NS, "team", {"vram": "32Gi", "devices": 1})
 
 
+async def _quota_conditions(k: Kube, s: ApiServer) -> object:
+    s.add_quota(NS, "team", {"hard": {"acu": 100}, "guaranteed": {"acu": 50}})
+    condition = {"type": "GuaranteeFits", "status": "True", "reason": "Fits", "message": "ok"}
+    return await k.patch_compute_quota_conditions(NS, "team", [condition])
+
+
+async def _job(k: Kube, s: ApiServer) -> object:
+    s.store("jobs", (NS, "train"), {"metadata": {"name": "train", "namespace": NS}})
+    found = await k.get_job(NS, "train")
+    assert found["metadata"]["name"] == "train" and found["kind"] == "Job"
+    return found
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -96,6 +109,11 @@ SCENARIOS: dict[str, Scenario] = {
     "patch_compute_quota_usage": _quota_usage,
     "patch_compute_quota_used": _quota_used,
     "patch_compute_node_status": lambda k, s: k.patch_compute_node_status("n", {"acu": 1}),
+    "patch_compute_quota_conditions": _quota_conditions,
+    "patch_pod": lambda k, s: k.patch_pod(
+        NS, "q", [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
+    ),
+    "get_job": _job,
     "close": lambda k, s: k.close(),
 }
 
