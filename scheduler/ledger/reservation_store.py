@@ -441,6 +441,7 @@ class Booker:
             resume_from=resume,
             node=self.state.nodes.get(node),
         )
+        annotations |= await self._gang_flags(pod)  # one set for every rank of a job
         if self.kube is None:
             _log.info("no_cluster_binding_not_posted", pod=pod.ref.name, node=node)
             return "no cluster: Binding not posted", annotations
@@ -457,6 +458,20 @@ class Booker:
             failed = f"hcs: Binding failed for {pod.ref.namespace}/{pod.ref.name} on {node}: {exc}"
             return failed, annotations
         return "", annotations
+
+    async def _gang_flags(self, pod: pods.PodInfo) -> dict[str, str]:
+        """The collective flags the pod's pledged gang fixed for all its ranks
+        (from the whole job's placement); none for a pod of no gang."""
+        if not pod.job or not pod.gang:
+            return {}
+        key = gang_records.key_for(pod.ref.namespace, pod.job, pod.run)
+        try:
+            found = await kvcas.read(self.kv, key, decode=gang_records.DECODER.decode)
+        except (HcsError, NatsError, msgspec.MsgspecError) as exc:
+            _log.warning("gang_flags_unreadable", gang=key, error=repr(exc))
+            return {}
+        record = found.value
+        return dict(record.flags) if record is not None and record.state == "pledged" else {}
 
     async def _resume_from(self, pod: pods.PodInfo) -> str | None:
         """The checkpoint of the pod's own run (or the run its hcs.io/resume-run

@@ -73,6 +73,9 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True, tag="gang", tag_fiel
     # the resume point every rank of this pledge binds with (``hcs.io/resume-from``):
     # None until the first rank's bind resolves it, "" when there is none
     resume_from: str | None = None
+    # the hcs.io/collective-* flags every rank binds with: one set for the
+    # whole job from its placement (``gang_rules.collective_flags``)
+    flags: dict[str, str] = msgspec.field(default_factory=dict)
     v: int = 1
 
     @property
@@ -308,7 +311,11 @@ def pledged(
         )
         ranks.append(RankPledge(pod=pod, node=rank.node, pledge=pledge, devices=rank.devices))
     return msgspec.structs.replace(
-        record, state="pledged", group=plan.group or "", ranks=tuple(ranks)
+        record,
+        state="pledged",
+        group=plan.group or "",
+        ranks=tuple(ranks),
+        flags=ganging.collective_flags(plan),
     )
 
 

@@ -113,6 +113,7 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     kube_scores: bool = True
     run: str = ""  # the job's run (``hcs_bus.jobs``: its owner's UID); "" when unknown
     resume_run: str = ""  # the run whose checkpoint it resumes (hcs.io/resume-run)
+    gang: bool = False  # a member of a gang (``hcs.io/gang``): its job binds as one
 
     @property
     def wants_devices(self) -> bool:
@@ -138,6 +139,7 @@ def pod_info(pod: PodObject) -> PodInfo:
         kube_scores=kube_prefers(pod),
         run=_run(labels, annotations, owners) if policy.job else "",
         resume_run=annotations.get(vocabulary.RESUME_RUN, "").strip(),
+        gang=bool(annotations.get(vocabulary.GANG)),
     )
 
 

@@ -13,7 +13,7 @@ import msgspec
 from hcs_bus import streams, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeInvalid
-from hcs_bus.messages import DeviceSlice, Plan, PlanRequest, Requests
+from hcs_bus.messages import DeviceSlice, Plan, PlanRequest, PodRef, Policy, Requests
 from scheduler.ledger.pledge_rules import Pledge
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.plan import gang_records as records
@@ -328,3 +328,51 @@ def test_a_gang_pinned_but_not_yet_pledged_counts_against_the_next_gangs_pin() -
     assert {first.model, second.model} == {"A100-80G", "H100"}
     pledged = msgspec.structs.replace(waiting, state="pledged")
     assert records.waiting_held([pledged], classes, DB) == {}  # its pledges count instead
+
+
+async def test_every_rank_of_a_pledged_gang_binds_with_the_jobs_one_set_of_collective_flags(
+    bus: Bus,
+) -> None:
+    """Ranks configured differently fail to connect: the flags come from the
+    whole job's placement, fixed on the gang's record when it is pledged and
+    read by every rank's bind, whatever its own node's links."""
+    from scheduler.ledger.reservation_store import Booker
+    from scheduler.plan import gang_rules
+    from scheduler.plan.pods import PodInfo
+    from tests.scheduler.test_gang_rules import gang
+
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    state = fleet(("gpu-a", A100, "g1"), ("gpu-b", A100, "g1"))
+    plan = gang_rules.plan_gang(state, gang(16, name="train"), held={}, profiles=DB)
+    assert plan.ok and {r.node for r in plan.ranks} == {"gpu-a", "gpu-b"}
+    record = records.GangRecord(
+        namespace="ns1", job="train", run="uid-1", size=16, vendor="nvidia", model="A100-80G"
+    )
+    names = {r.member: f"train-{i}" for i, r in enumerate(plan.ranks)}
+    pledged = records.pledged(record, plan, pods=names, ids=(f"p{i}" for i in range(16)), now=1.0)
+    assert pledged.flags == gang_rules.collective_flags(plan) and pledged.flags
+    await kv.put(pledged.key, records.ENCODER.encode(pledged))
+    booker = Booker(bus, kv=kv, ckpt=None, state=state, kube=None, replica="r1")
+    seen = []
+    for rank in pledged.ranks:
+        member = PodInfo(
+            ref=PodRef(namespace="ns1", name=rank.pod, uid=f"u-{rank.pod}"),
+            requests=None,
+            policy=Policy(job="train"),
+            annotation=None,
+            priority=0,
+            job="train",
+            run="uid-1",
+            gang=True,
+        )
+        seen.append(await booker._gang_flags(member))
+    assert all(flags == pledged.flags for flags in seen)
+    alone = PodInfo(
+        ref=PodRef(namespace="ns1", name="solo", uid="u-solo"),
+        requests=None,
+        policy=Policy(),
+        annotation=None,
+        priority=0,
+        job=None,
+    )
+    assert await booker._gang_flags(alone) == {}
