@@ -27,6 +27,7 @@ from kubernetes_asyncio.client import (
     CoordinationV1Api,
     CoreV1Api,
     CustomObjectsApi,
+    VersionApi,
 )
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -89,6 +90,8 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "patch_pod_annotations": (ApiCall("", "pods", ("patch",)),),
     "patch_pod": (ApiCall("", "pods", ("patch",)),),
     "get_job": (ApiCall("batch", "jobs", ("get",)),),
+    "get_deployment": (ApiCall("apps", "deployments", ("get",)),),
+    "get_version": (),  # /version: readable by every authenticated client
     "patch_pod_condition": (ApiCall("", "pods/status", ("patch",)),),
     "create_event": (ApiCall("", "events", ("create",)),),
     "watch_nodes": (ApiCall("", "nodes", ("list", "watch")),),
@@ -246,6 +249,24 @@ class Kube:
             name,
         )
         return job
+
+    async def get_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        """An apps/v1 Deployment (the HCS kube-scheduler's image, for the skew check)."""
+        found: dict[str, Any] = await self._call(
+            f"get deployment {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            "apps",
+            "v1",
+            namespace,
+            "deployments",
+            name,
+        )
+        return found
+
+    async def get_version(self) -> str:
+        """The API server's version (``gitVersion`` of ``/version``)."""
+        info: dict[str, Any] = await self._call("get /version", VersionApi(self._api).get_code)
+        return str(info.get("gitVersion") or "")
 
     async def list_pods(
         self,

@@ -134,6 +134,9 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     # a pledge whose pod never appears (no pod carries its hcs.io/pledge) is
     # released this long after its admission, and counts against no quota after
     pledge_unclaimed_s: float = 10.0
+    # the HCS kube-scheduler Deployment ("namespace/name") whose image version
+    # is checked against the API server's (skew policy); "" checks nothing
+    kube_scheduler_deployment: str = "hcs-system/hcs-kube-scheduler"
     replan_after_s: float = 30.0  # a pod stranded this long on a full class is re-planned
     stranding_scan_s: float = 2.0  # how often pending HCS pods are looked at
     wake_min_interval_s: float = 5.0  # a parked pod is woken at most this often

@@ -12,7 +12,7 @@ import socket
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -39,9 +39,15 @@ from scheduler.plan.service import Planner, PlanService
 from scheduler.quota.source import QuotaSource, StatusKube, UsedWriter, used_by_namespace
 from scheduler.replan import loop as stranding
 from scheduler.replan.pending_pods import PendingPods
+from scheduler.report import skew_loop as skew
 from scheduler.view import gauge_meters as gauging
 from scheduler.view.follow_loop import ClusterView
 from scheduler.view.state import ClusterState
+
+
+class ReplicaKube(StatusKube, skew.Kube, Protocol):
+    """Every Kube call one scheduler replica makes."""
+
 
 _log = logger("hcs.scheduler")
 TYPICAL_REQUEST_MIB = 8192
@@ -179,7 +185,7 @@ def profile_db() -> ProfileDB:
 
 async def run(
     bus: Bus,
-    kube: StatusKube | None,
+    kube: ReplicaKube | None,
     settings: Settings,
     *,
     profiles: ProfileDB | None = None,
@@ -284,6 +290,9 @@ async def run(
             kube=kube, planner=planner, settings=settings, replica=replica, pending_pods=pending
         )
         running.append(tasks.start(strands.run(ready=view.ready), name="stranding"))
+        if cfg.kube_scheduler_deployment:  # its version against the API server's
+            check = skew.skew_loop(kube, deployment=cfg.kube_scheduler_deployment)
+            running.append(tasks.start(check, name="kube-scheduler-skew"))
     _log.info("scheduler_started", replica=replica, cluster=kube is not None)
     return Scheduler(
         view, planner, booker, service, extender, runner, running, strands, console_runner

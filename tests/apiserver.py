@@ -57,6 +57,8 @@ class ApiServer:
         self.computenodes: dict[str, Obj] = {}
         self.events: dict[tuple[str, str], Obj] = {}
         self.jobs: dict[tuple[str, str], Obj] = {}
+        self.deployments: dict[tuple[str, str], Obj] = {}
+        self.version: Obj = {"major": "1", "minor": "26", "gitVersion": "v1.26.0"}
         self.requests: list[Request] = []
         self.rv = 1000
         self.url = ""
@@ -251,6 +253,7 @@ class ApiServer:
             "computenodes": self.computenodes,
             "events": self.events,
             "jobs": self.jobs,
+            "deployments": self.deployments,
         }
         return tables[resource]
 

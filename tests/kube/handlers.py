@@ -34,7 +34,7 @@ from tests.kube.semantics import (
 if TYPE_CHECKING:
     from tests.apiserver import ApiServer
 
-CORE, COORD, HCS, BATCH = "", "coordination.k8s.io", "hcs.io", "batch"
+CORE, COORD, HCS, BATCH, APPS = "", "coordination.k8s.io", "hcs.io", "batch", "apps"
 Key = Any  # name (cluster-scoped) or (namespace, name)
 
 
@@ -102,6 +102,8 @@ def _verb(method: str, info: Info, query: Any) -> str:
 
 async def dispatch(server: ApiServer, request: web.Request) -> web.StreamResponse:
     """Log the request, run injected hooks, route it; a Problem becomes a Status answer."""
+    if request.path.rstrip("/") == "/version":  # a non-resource URL anyone may read: not logged
+        return web.json_response(server.version)
     try:
         info = _parse(request.path)
         verb = _verb(request.method, info, request.query)
@@ -565,4 +567,5 @@ ROUTES: dict[tuple[str, str, str], Callable[..., Any]] = {
     (COORD, "leases", "update"): _update,
     (HCS, "computenodes", "create"): _create,
     (BATCH, "jobs", "get"): _get,
+    (APPS, "deployments", "get"): _get,
 }

@@ -25,6 +25,7 @@ KINDS = {
     "computenodes": ("hcs.io/v1alpha1", "ComputeNode"),
     "events": ("v1", "Event"),
     "jobs": ("batch/v1", "Job"),
+    "deployments": ("apps/v1", "Deployment"),
 }
 MERGE_KEYS = {
     ("status", "conditions"): "type",

@@ -77,6 +77,11 @@ async def _job(k: Kube, s: ApiServer) -> object:
     return found
 
 
+async def _deployment(k: Kube, s: ApiServer) -> object:
+    s.store("deployments", (NS, "kube-sched"), {"metadata": {"name": "kube-sched"}})
+    return await k.get_deployment(NS, "kube-sched")
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -114,6 +119,8 @@ SCENARIOS: dict[str, Scenario] = {
         NS, "q", [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
     ),
     "get_job": _job,
+    "get_deployment": _deployment,
+    "get_version": lambda k, s: k.get_version(),
     "close": lambda k, s: k.close(),
 }
 
