@@ -91,6 +91,11 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "patch_pod": (ApiCall("", "pods", ("patch",)),),
     "get_job": (ApiCall("batch", "jobs", ("get",)),),
     "get_deployment": (ApiCall("apps", "deployments", ("get",)),),
+    "get_pod_group": (
+        ApiCall("scheduling.x-k8s.io", "podgroups", ("get",)),
+        ApiCall("scheduling.volcano.sh", "podgroups", ("get",)),
+        ApiCall("scheduling.run.ai", "podgroups", ("get",)),
+    ),
     "get_version": (),  # /version: readable by every authenticated client
     "patch_pod_condition": (ApiCall("", "pods/status", ("patch",)),),
     "create_event": (ApiCall("", "events", ("create",)),),
@@ -259,6 +264,21 @@ class Kube:
             "v1",
             namespace,
             "deployments",
+            name,
+        )
+        return found
+
+    async def get_pod_group(
+        self, group: str, version: str, namespace: str, name: str
+    ) -> dict[str, Any]:
+        """A PodGroup of coscheduling, Volcano or KAI (its minMember sizes a gang)."""
+        found: dict[str, Any] = await self._call(
+            f"get podgroup {group}/{namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            group,
+            version,
+            namespace,
+            "podgroups",
             name,
         )
         return found

@@ -145,7 +145,8 @@ class Admitter:
         warnings: list[str] = []
         pledge = annotations.get(guarding.PLEDGE, "") if note is not None else ""
         job = await self.owners.job_of(request.namespace, pod) if self.owners else None
-        gang = gang_of(pod, namespace=request.namespace, job=job)
+        group = await self.owners.pod_group_of(request.namespace, pod) if self.owners else None
+        gang = gang_of(pod, namespace=request.namespace, job=job, pod_group=group)
         if note is None:
             planned = await self._plan(request, pod, demand, choice, budget_s=budget_s, gang=gang)
             if isinstance(planned, Answer):
@@ -334,13 +335,17 @@ def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
 
 
 def gang_of(
-    pod: dict[str, Any], *, namespace: str, job: dict[str, Any] | None = None
+    pod: dict[str, Any],
+    *,
+    namespace: str,
+    job: dict[str, Any] | None = None,
+    pod_group: dict[str, Any] | None = None,
 ) -> tuple[str, int] | None:
     """(run key, size) of the gang the pod is a member of: a job of more than
     one pod (its size, else its least size); None for a pod of no gang.
     ``job``: the pod's owning Job when it was looked up (its parallelism).
     ``JobError`` when the pod's job is unreadable (the pod is refused)."""
-    identity = jobs.read(pod, namespace=namespace or None, job=job)
+    identity = jobs.read(pod, namespace=namespace or None, job=job, pod_group=pod_group)
     if identity is None:
         return None
     size = identity.size or identity.min_size or 0

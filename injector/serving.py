@@ -107,7 +107,11 @@ class Injector:
             planner=planner or bus_planner(bus),  # type: ignore[arg-type]
             ctx=ctx,
             keys=self._keys,
-            owners=Owners(kube.get_job, clock=time.monotonic) if kube is not None else None,
+            owners=(
+                Owners(kube.get_job, get_pod_group=kube.get_pod_group, clock=time.monotonic)
+                if kube is not None
+                else None
+            ),
         )
         self.runner: web.AppRunner | None = None
         self._watch: asyncio.Task[Any] | None = None

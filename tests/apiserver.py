@@ -58,6 +58,7 @@ class ApiServer:
         self.events: dict[tuple[str, str], Obj] = {}
         self.jobs: dict[tuple[str, str], Obj] = {}
         self.deployments: dict[tuple[str, str], Obj] = {}
+        self.podgroups: dict[tuple[str, str], Obj] = {}  # of any scheduler's API group
         self.version: Obj = {"major": "1", "minor": "26", "gitVersion": "v1.26.0"}
         self.requests: list[Request] = []
         self.rv = 1000
@@ -254,6 +255,7 @@ class ApiServer:
             "events": self.events,
             "jobs": self.jobs,
             "deployments": self.deployments,
+            "podgroups": self.podgroups,
         }
         return tables[resource]
 

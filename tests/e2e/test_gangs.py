@@ -244,3 +244,28 @@ def test_a_fatal_fault_on_one_ranks_device_restarts_every_rank_from_one_checkpoi
     assert points == {uri}, points
     classes = {json.loads(p["metadata"]["annotations"][vocabulary.PLAN])["model"] for p in new}
     assert len(classes) == 1, classes
+
+
+def test_a_16_rank_gang_over_two_nodes_keeps_one_fabric_and_one_set_of_collective_flags(
+    stack: Stack, work: Workloads
+) -> None:
+    """16 ranks of one device: only the two A100 nodes of fabric ib-b hold them
+    together, and every rank is told the same collective flags (ranks set up
+    differently fail to connect)."""
+    fleet_labelled(work, FLEET)
+    _job(work, "wide", ranks=16)
+    bound = _all_bound(work, "wide", ranks=16, timeout_s=60)
+    nodes = {p["spec"]["nodeName"] for p in bound}
+    assert nodes == {"gpu-a100-1", "gpu-a100-2"}, nodes
+    assert len(_groups(work, bound)) == 1
+    flags = {
+        tuple(
+            sorted(
+                (k, v)
+                for k, v in p["metadata"]["annotations"].items()
+                if k.startswith("hcs.io/collective-")
+            )
+        )
+        for p in bound
+    }
+    assert len(flags) == 1 and next(iter(flags)), flags

@@ -78,3 +78,40 @@ async def test_a_job_gone_replaced_or_unreadable_sizes_nothing() -> None:
         owners = Owners(get_job, clock=lambda: 0.0)
         assert await owners.job_of("ml", _pod(0, owner_uid=uid)) is None
     assert owning_job({"metadata": {"ownerReferences": [{"kind": "ReplicaSet"}]}}) is None
+
+
+def _grouped(**where: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "w-0", **where}}
+
+
+async def test_a_pod_group_of_coscheduling_volcano_or_kai_is_a_gang_of_its_min_member() -> None:
+    asked: list[tuple[str, str, str, str]] = []
+
+    async def get_pod_group(group: str, version: str, namespace: str, name: str) -> dict[str, Any]:
+        asked.append((group, version, namespace, name))
+        return {
+            "apiVersion": f"{group}/{version}",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"pg-{group}"},
+            "spec": {"minMember": 6},
+        }
+
+    async def no_job(namespace: str, name: str) -> dict[str, Any]:
+        raise AssertionError("no Job owns these pods")
+
+    owners = Owners(no_job, get_pod_group=get_pod_group, clock=lambda: 0.0)
+    pods = {
+        "scheduling.x-k8s.io": _grouped(labels={"scheduling.x-k8s.io/pod-group": "w"}),
+        "scheduling.volcano.sh": _grouped(annotations={"scheduling.k8s.io/group-name": "w"}),
+        "scheduling.run.ai": _grouped(annotations={"pod-group-name": "w"}),
+    }
+    for group, pod in pods.items():
+        found = await owners.pod_group_of("ml", pod)
+        assert found is not None and found["apiVersion"].startswith(group)
+        gang = gang_of(pod, namespace="ml", pod_group=found)
+        assert gang is not None and gang[1] == 6, (group, gang)
+    assert [a[0] for a in asked] == list(pods)
+    await owners.pod_group_of("ml", pods["scheduling.run.ai"])  # kept: no second GET
+    assert len(asked) == 3
+    kueue = _grouped(labels={"kueue.x-k8s.io/pod-group-name": "w"})
+    assert await owners.pod_group_of("ml", kueue) is None  # sized on the pod itself

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tests.apiserver import ApiServer
 
 CORE, COORD, HCS, BATCH, APPS = "", "coordination.k8s.io", "hcs.io", "batch", "apps"
+PODGROUP_APIS = ("scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.run.ai")
 Key = Any  # name (cluster-scoped) or (namespace, name)
 
 
@@ -568,4 +569,5 @@ ROUTES: dict[tuple[str, str, str], Callable[..., Any]] = {
     (HCS, "computenodes", "create"): _create,
     (BATCH, "jobs", "get"): _get,
     (APPS, "deployments", "get"): _get,
+    **{(g, "podgroups", "get"): _get for g in PODGROUP_APIS},
 }

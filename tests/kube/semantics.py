@@ -26,6 +26,7 @@ KINDS = {
     "events": ("v1", "Event"),
     "jobs": ("batch/v1", "Job"),
     "deployments": ("apps/v1", "Deployment"),
+    "podgroups": ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
 }
 MERGE_KEYS = {
     ("status", "conditions"): "type",

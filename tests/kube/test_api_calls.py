@@ -82,6 +82,20 @@ async def _deployment(k: Kube, s: ApiServer) -> object:
     return await k.get_deployment(NS, "kube-sched")
 
 
+async def _pod_groups(k: Kube, s: ApiServer) -> object:
+    s.store("podgroups", (NS, "train"), {"metadata": {"name": "train"}, "spec": {"minMember": 4}})
+    found = [
+        await k.get_pod_group(group, version, NS, "train")
+        for group, version in (
+            ("scheduling.x-k8s.io", "v1alpha1"),
+            ("scheduling.volcano.sh", "v1beta1"),
+            ("scheduling.run.ai", "v2alpha2"),
+        )
+    ]
+    assert all(f["spec"]["minMember"] == 4 for f in found)
+    return found
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -120,6 +134,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "get_job": _job,
     "get_deployment": _deployment,
+    "get_pod_group": _pod_groups,
     "get_version": lambda k, s: k.get_version(),
     "close": lambda k, s: k.close(),
 }
