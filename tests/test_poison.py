@@ -40,12 +40,14 @@ POISON: dict[str, bytes] = {
     "a huge field": msgspec.json.encode({**GOOD, "message": "x" * (900 * 1024)}),
     "not json at all": b"\x00\x01garbage",
 }
-REASONS = {
-    "invalid utf-8": "UnicodeDecodeError",
-    "2,000-deep nesting": "RecursionError",
-    "a wrong type": "ValidationError",
-    "a huge field": "too large",
-    "not json at all": "DecodeError",
+# what the dead letter's reason names (the deep nesting: msgspec gives up on
+# the depth, or, under a raised recursion limit, skips it and finds no node)
+REASONS: dict[str, tuple[str, ...]] = {
+    "invalid utf-8": ("UnicodeDecodeError",),
+    "2,000-deep nesting": ("RecursionError", "missing required field `node`"),
+    "a wrong type": ("ValidationError",),
+    "a huge field": ("too large",),
+    "not json at all": ("DecodeError",),
 }
 
 
@@ -112,7 +114,7 @@ async def test_every_kind_of_poison_goes_to_the_dlq_with_its_reason_and_the_cons
         assert letter.headers is not None
         assert letter.headers["Hcs-Origin-Subject"] == subject
         assert letter.headers["Hcs-Origin-Seq"] == str(seq)
-        assert REASONS[name] in letter.headers["Hcs-Reason"], name
+        assert any(r in letter.headers["Hcs-Reason"] for r in REASONS[name]), name
         assert letter.data == POISON[name]
 
 

@@ -237,6 +237,10 @@ class Stack:
             env["HCS_HEALER__DRY_RUN"] = "false"
             env["HCS_HEALER__LEASE_NAMESPACE"] = "hcs-system"
             env["HCS_HEALER__RECOVERY_WINDOW_S"] = "30"  # failed nodes come back within a test
+            # the tier injects several faults minutes apart, and the breaker's
+            # window outlives a healer (it is kept on the bus): room for them
+            # (the breaker itself is tested in tests/healer)
+            env["HCS_HEALER__BREAKER_MAX_FRACTION"] = "0.5"
         env.update(extra)
         return env
 

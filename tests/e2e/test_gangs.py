@@ -244,6 +244,19 @@ def test_a_fatal_fault_on_one_ranks_device_restarts_every_rank_from_one_checkpoi
     assert points == {uri}, points
     classes = {json.loads(p["metadata"]["annotations"][vocabulary.PLAN])["model"] for p in new}
     assert len(classes) == 1, classes
+    # the device reports healthy all along: after the recovery window it is back
+    # in service (the tier's later tests count every device of the fleet)
+    work.api.delete(f"/apis/batch/v1/namespaces/{work.namespace}/jobs/ring", {})
+    wait_for(
+        lambda: (
+            not work.api.get(f"/apis/hcs.io/v1alpha1/computenodes/{node}")
+            .get("status", {})
+            .get("devicesOut")
+        ),
+        what=f"the failed device of {node} back in service after the recovery window",
+        timeout_s=150,
+        explain=stack.why,
+    )
 
 
 def test_a_16_rank_gang_over_two_nodes_keeps_one_fabric_and_one_set_of_collective_flags(
