@@ -34,7 +34,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.timeout(300))
-    items.sort(key=lambda item: item.get_closest_marker("faults") is not None)
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        faults = item.get_closest_marker("faults")
+        return faults is not None, bool(faults and faults.kwargs.get("last"))
+
+    items.sort(key=order)  # faults(last=True): after the other fault tests too
 
 
 @pytest.fixture(scope="session")

@@ -202,7 +202,7 @@ def test_a_gang_held_by_a_foreign_gate_is_planned_only_once_that_gate_is_lifted(
     assert len({group for _, group in _groups(work, bound)}) == 1
 
 
-@pytest.mark.faults
+@pytest.mark.faults(last=True)  # its restarted gang fills a whole class: after the others
 def test_a_fatal_fault_on_one_ranks_device_restarts_every_rank_from_one_checkpoint(
     stack: Stack, work: Workloads
 ) -> None:

@@ -147,8 +147,12 @@ def _fill_l40s_before_it_is_placed(stack: Stack, work: Workloads) -> None:
     cluster = stack.cluster
     assert cluster.scheduler is not None
     _hold(work, L40S_NODE, held=True)  # only pods that tolerate the hold go there now
+    # a device an earlier test failed may still be out (its healer's history
+    # went with a killed leader): fill the devices in service
+    status = work.api.get(f"/apis/hcs.io/v1alpha1/computenodes/{L40S_NODE}").get("status", {})
+    in_service = L40S_DEVICES - len(status.get("devicesOut") or [])
     try:
-        for i in range(L40S_DEVICES):  # these take every L40S device before it is placed
+        for i in range(in_service):  # these take every L40S device before it is placed
             work.pod(
                 f"filler-{i}",
                 WHOLE,
@@ -156,7 +160,7 @@ def _fill_l40s_before_it_is_placed(stack: Stack, work: Workloads) -> None:
                 tolerations=[{"key": HOLD["key"], "operator": "Exists", "effect": "NoSchedule"}],
             )
         cluster.restart_scheduler()
-        for i in range(L40S_DEVICES):
+        for i in range(in_service):
             work.running(f"filler-{i}", timeout_s=60)
     finally:
         _hold(work, L40S_NODE, held=False)
