@@ -51,6 +51,8 @@ VENDORS: Final = "hcs.io/vendors"
 MODELS: Final = "hcs.io/models"
 SUBSTITUTION: Final = "hcs.io/substitution"
 JOB: Final = "hcs.io/job"
+# pod phases after which a pod holds nothing (core/v1 PodStatus.phase)
+POD_FINISHED: Final = ("Succeeded", "Failed")
 TOPOLOGY: Final = "hcs.io/topology"
 REBIND: Final = "hcs.io/rebind"
 ENGINE: Final = "hcs.io/engine"

@@ -33,7 +33,7 @@ RESTARTS = zero_init(
     {"outcome": "restarted"},
     {"outcome": "unlisted"},
 )
-FINISHED = ("Succeeded", "Failed")
+FINISHED = vocabulary.POD_FINISHED
 
 
 class Kube(Protocol):

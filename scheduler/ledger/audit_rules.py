@@ -31,7 +31,7 @@ from hcs_bus import jobs, vocabulary
 from hcs_bus.messages import DeviceFingerprint, DeviceSlice, NodeReservations, PodRef, Reservation
 from scheduler.plan import pods
 
-FINISHED = ("Succeeded", "Failed")
+FINISHED = vocabulary.POD_FINISHED
 _QUOTA = re.compile(r"^(\d+):(\d+)Mi$")
 
 ProblemKind = Literal[

@@ -63,6 +63,7 @@ from hcs_bus.errors import HcsError, KubeConflict, KubeInvalid, KubeNotFound
 from hcs_bus.messages import Policy, UsageAlert
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import logger, meter, zero_init
+from scheduler.ledger import audit_rules as ledger_rules
 from scheduler.ledger.pledge_rules import Held
 from scheduler.plan import gang_records as records
 from scheduler.plan import gang_rules as ganging
@@ -87,7 +88,6 @@ GANGS = zero_init(
     {"outcome": "restarted"},
     {"outcome": "reclaimed"},
 )
-FINISHED = ("Succeeded", "Failed")
 
 
 class Kube(Protocol):
@@ -357,21 +357,7 @@ class GangLoop:
         if found is None:
             return
         record, revision = found
-
-        def decide(seen: GangRecord | None) -> kvcas.Change[GangRecord, bool]:
-            if seen is None or seen != record or seen.state != "pledged":
-                return kvcas.Keep(False)
-            return kvcas.Delete(True)
-
-        won = await kvcas.update(
-            self.kv,
-            record.key,
-            decide,
-            decode=records.DECODER.decode,
-            encode=records.ENCODER.encode,
-            known=kvcas.Read(record, revision),
-        )
-        if not won:
+        if record.state != "pledged" or not await self._delete_unchanged(record, revision):
             return
         self._reclaimed.append((self.clock(), victim.amount.acu))
         GANGS.add(1, {"outcome": "reclaimed"})
@@ -522,16 +508,14 @@ class GangLoop:
             self._told.pop(record.key, None)
 
     # -- ended gangs ------------------------------------------------------
-    async def _release(self, record: GangRecord, revision: int) -> None:
-        if record.state == "pinned" and self.clock() - record.time_s < self.grace_s:
-            return  # its members may still be coming
+    async def _delete_unchanged(self, record: GangRecord, revision: int) -> bool:
+        """Delete the gang's record in one compare-and-set if it still is
+        ``record``; True for the one replica whose delete landed."""
 
         def decide(found: GangRecord | None) -> kvcas.Change[GangRecord, bool]:
-            if found is None or found != record:
-                return kvcas.Keep(False)
-            return kvcas.Delete(True)
+            return kvcas.Delete(True) if found == record else kvcas.Keep(False)
 
-        gone = await kvcas.update(
+        deleted: bool = await kvcas.update(
             self.kv,
             record.key,
             decide,
@@ -539,7 +523,12 @@ class GangLoop:
             encode=records.ENCODER.encode,
             known=kvcas.Read(record, revision),
         )
-        if gone:
+        return deleted
+
+    async def _release(self, record: GangRecord, revision: int) -> None:
+        if record.state == "pinned" and self.clock() - record.time_s < self.grace_s:
+            return  # its members may still be coming
+        if await self._delete_unchanged(record, revision):
             GANGS.add(1, {"outcome": "released"})
             _log.info("gang_released", gang=record.key, state=record.state)
             self._told.pop(record.key, None)
@@ -567,11 +556,10 @@ def _name(pod: Mapping[str, Any]) -> str:
 def _finished(pod: Mapping[str, Any]) -> bool:
     meta = pod.get("metadata") or {}
     phase = (pod.get("status") or {}).get("phase")
-    return phase in FINISHED or bool(meta.get("deletionTimestamp"))
+    return phase in vocabulary.POD_FINISHED or bool(meta.get("deletionTimestamp"))
 
 
-def _ended(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in FINISHED
+_ended = ledger_rules.finished
 
 
 def _over_share(
