@@ -172,7 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds between the two readings (a bind under way is not reported)",
     )
-    usage = command("usage", "device-, ACU- and VRAM-hours per namespace and model")
+    usage = command(
+        "usage",
+        "device-, ACU- and VRAM-hours per namespace and model, within the guarantee and borrowed",
+    )
     usage.add_argument("--namespace", help="only this namespace")
     usage.add_argument(
         "--since",
@@ -484,7 +487,12 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
             now = time.time()  # the window ends now (wall clock: event times are Unix seconds)
             return await usage.run(
-                bus, namespace=args.namespace, since_s=args.since_s, as_json=args.json, now=now
+                bus,
+                settings,
+                namespace=args.namespace,
+                since_s=args.since_s,
+                as_json=args.json,
+                now=now,
             )
     finally:
         await bus.nc.close()

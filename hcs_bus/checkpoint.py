@@ -25,11 +25,20 @@ The stored step only moves forward: the write is a compare-and-set on the
 entry's revision, and a report whose step is not above the stored one (a late
 or retried report) is ignored — ``Reported.stored`` is False and
 ``Reported.latest`` is the newer checkpoint kept.
+
+``ask`` asks a job to checkpoint before a planned eviction (the healer's
+before a device is isolated, the scheduler's before a reclaim): it reads
+the latest checkpoint, sends a ``CheckpointRequest`` on
+``hcs.ckpt.request.<ns>.<job>`` (core NATS; the job's sidecar turns it into a
+file and a signal) and waits, at most ``wait_s``, for a newer one to be
+reported.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from dataclasses import dataclass
 
 import msgspec
@@ -38,8 +47,8 @@ from nats.js.kv import KeyValue
 
 from hcs_bus import kvcas, messages, subjects
 from hcs_bus.bus import Bus
-from hcs_bus.errors import BadMessage, BusUnavailable
-from hcs_bus.messages import CheckpointEvent
+from hcs_bus.errors import BadMessage, BusUnavailable, HcsError
+from hcs_bus.messages import CheckpointEvent, CheckpointRequest
 from hcs_bus.streams import KV_CKPT, kv_stream, kv_subject
 from hcs_bus.telemetry import logger
 
@@ -206,3 +215,56 @@ def _check(value: bytes, *, key: str) -> None:
         messages.decode(value, CheckpointEvent)
     except msgspec.MsgspecError as exc:
         raise BadMessage(f"KV {KV_CKPT} key {key} is not a CheckpointEvent: {exc}") from exc
+
+
+def is_newer(after: CheckpointEvent | None, before: CheckpointEvent | None) -> bool:
+    """Pure: is ``after`` a checkpoint taken after ``before``?"""
+    if after is None:
+        return False
+    if before is None:
+        return True
+    return (after.step, after.time_s) > (before.step, before.time_s) or after.uri != before.uri
+
+
+async def ask(
+    bus: Bus, *, namespace: str, job: str, reason: str, wait_s: float, poll_s: float = 0.2
+) -> CheckpointEvent | None:
+    """Ask every rank of the job to checkpoint now and wait at most
+    ``wait_s`` for the newer checkpoint; None when none came (or the request
+    could not be sent: logged)."""
+    try:
+        before = await latest(bus, namespace=namespace, job=job)
+        request = CheckpointRequest(
+            namespace=namespace,
+            job=job,
+            reason=reason,
+            request_id=uuid.uuid4().hex,
+            deadline_s=wait_s,
+        )
+        await bus.nc.publish(subjects.ckpt_request(namespace, job), messages.encode(request))
+    except (HcsError, subjects.SubjectError) as exc:  # a job name no subject can carry
+        _log.warning("checkpoint_request_failed", namespace=namespace, job=job, error=str(exc))
+        return None
+    _log.info(
+        "checkpoint_requested",
+        namespace=namespace,
+        job=job,
+        request_id=request.request_id,
+        before=before.step if before else None,
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while loop.time() < deadline:
+        await asyncio.sleep(poll_s)
+        try:
+            now = await latest(bus, namespace=namespace, job=job)
+        except HcsError as exc:
+            _log.warning("checkpoint_read_failed", namespace=namespace, job=job, error=str(exc))
+            continue
+        if now is not None and is_newer(now, before):
+            _log.info(
+                "checkpoint_arrived", namespace=namespace, job=job, step=now.step, uri=now.uri
+            )
+            return now
+    _log.warning("checkpoint_wait_timed_out", namespace=namespace, job=job, wait_s=wait_s)
+    return None

@@ -181,6 +181,8 @@ class PlanRequest(_Frozen, frozen=True, tag="plan_request", tag_field="type"):
     # and size; its class is the gang's, pinned by the first member, and no pledge is made
     gang_key: str = ""
     gang_size: int = 0
+    # an elastic gang: the fewest members it runs with (0: a fixed gang of gang_size)
+    gang_min: int = 0
     v: int = 1
 
 

@@ -11,7 +11,8 @@ so a renamed subject renames its permission. What each part may do:
 * scheduler: serve ``hcs.place``/``hcs.place.dry``/``hcs.release`` in queue
   group ``hcs-scheduler``, answering into the inboxes of the users that may
   ask (``ASKING``) and nowhere else, publish ``hcs.alloc.*`` and the
-  shared pool's reclaim alerts on ``hcs.usage.*``,
+  shared pool's reclaim alerts on ``hcs.usage.*`` and the checkpoint requests
+  before a reclaim on ``hcs.ckpt.request.>``,
   read/compare-and-set/watch KV ``hcs_alloc``, read KV ``hcs_ckpt``
   (resume-from at bind), replay ``HCS_FP``/``HCS_HEALTH``, dead-letter what
   it cannot decode, create/update the streams at start (``streams.init``).
@@ -236,6 +237,7 @@ def _scheduler() -> Permissions:
     publish = [
         subjects.ALLOC_ALL,
         subjects.USAGE_ALL,  # reclaim alerts of the shared pool (the gang loop)
+        subjects.CKPT_REQUEST_PREFIX + ">",  # checkpoint before a reclaim evicts
         *kv_reading(streams.KV_ALLOC),
         *kv_writing(streams.KV_ALLOC, keys="*"),
         *kv_watching(streams.KV_ALLOC),

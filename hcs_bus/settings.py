@@ -149,6 +149,11 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     # the largest free share, its emptiest nodes first: a burst is spread
     # over the fleet, each kubelet starting fewer pods)
     placement: Literal["pack", "spread"] = "pack"
+    # the shared pool takes back at most this share of the pool's ACU a
+    # minute per replica (whole gangs or an elastic gang's ranks), and asks
+    # each victim job to checkpoint first, waiting at most reclaim_checkpoint_s
+    reclaim_pool_share_per_min: float = 0.25
+    reclaim_checkpoint_s: float = 30.0
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in _redacted_fields(self).items())

@@ -19,7 +19,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -29,7 +29,7 @@ from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import InjectorSettings
 from hcs_bus.telemetry import current_traceparent, logger, span
-from injector import fitting, guarding, originals, plans, reviews, sidecars
+from injector import fitting, guarding, originals, plans, reviews, sidecars, worlds
 from injector import mutations as mutating
 from injector import rebinds as rebinding
 from injector.guarding import PLAN
@@ -172,6 +172,16 @@ class Admitter:
         )
         if gang is not None:
             mutation.ops.extend(gate_ops(pod))
+            mutation.ops.extend(
+                world_ops(
+                    pod,
+                    gang,
+                    made=mutation.ops,
+                    namespace=request.namespace,
+                    job=job,
+                    pod_group=group,
+                )
+            )
         _log.info(
             "admission_patched",
             uid=uid,
@@ -255,7 +265,7 @@ class Admitter:
         choice: rebinding.Choice | None,
         *,
         budget_s: float,
-        gang: tuple[str, int] | None = None,
+        gang: GangOf | None = None,
     ) -> Plan | Answer:
         policy = demand.policy
         if choice is not None:
@@ -272,6 +282,7 @@ class Admitter:
             admission_uid=request.uid,
             gang_key=gang[0] if gang is not None else "",
             gang_size=gang[1] if gang is not None else 0,
+            gang_min=gang.least if gang is not None else 0,
         )
         try:
             async with asyncio.timeout(budget_s):
@@ -334,22 +345,54 @@ def _pod(raw: bytes, *, what: str) -> dict[str, Any]:
     return pod
 
 
+class GangOf(NamedTuple):
+    """The gang a pod is a member of: its run key, its size (the most members
+    it runs with) and, for an elastic gang, the fewest (0: fixed)."""
+
+    key: str
+    size: int
+    least: int = 0
+
+
 def gang_of(
     pod: dict[str, Any],
     *,
     namespace: str,
     job: dict[str, Any] | None = None,
     pod_group: dict[str, Any] | None = None,
-) -> tuple[str, int] | None:
-    """(run key, size) of the gang the pod is a member of: a job of more than
-    one pod (its size, else its least size); None for a pod of no gang.
+) -> GangOf | None:
+    """The gang the pod is a member of: a job of more than one pod; None for
+    a pod of no gang. Its size is the job's size, else its most size, else
+    its least size; a least size below that makes it elastic (it starts with
+    at least that many members and grows towards its size).
     ``job``: the pod's owning Job when it was looked up (its parallelism).
     ``JobError`` when the pod's job is unreadable (the pod is refused)."""
     identity = jobs.read(pod, namespace=namespace or None, job=job, pod_group=pod_group)
     if identity is None:
         return None
-    size = identity.size or identity.min_size or 0
-    return (identity.run_key, size) if size > 1 else None
+    size = identity.size or identity.max_size or identity.min_size or 0
+    if size <= 1:
+        return None
+    least = identity.min_size or 0
+    return GangOf(identity.run_key, size, least if 0 < least < size else 0)
+
+
+def world_ops(
+    pod: dict[str, Any],
+    gang: GangOf,
+    *,
+    made: list[dict[str, Any]],
+    namespace: str,
+    job: dict[str, Any] | None = None,
+    pod_group: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The JSON patch that tells every container of a member of ``gang`` its
+    job and world size (``injector.worlds``), after the operations ``made``."""
+    member = jobs.read(pod, namespace=namespace or None, job=job, pod_group=pod_group)
+    if member is None:  # gang_of read this job: never
+        return []
+    least = gang.least or gang.size
+    return worlds.env_ops(pod, identity=member, least=least, most=gang.size, made=made)
 
 
 def gate_ops(pod: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,14 +10,14 @@ import asyncio
 import os
 import socket
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from hcs_bus import streams
+from hcs_bus import checkpoint, streams
 from hcs_bus.bus import Bus
 from hcs_bus.errors import ConfigError, HcsError
 from hcs_bus.profiles import ProfileDB
@@ -271,6 +271,8 @@ async def run(
             planner=planner,
             scheduler_name=scheduler_name,
             publish=bus.nc.publish,
+            checkpoint=_checkpointer(bus, wait_s=cfg.reclaim_checkpoint_s),
+            reclaim_share_per_min=cfg.reclaim_pool_share_per_min,
         )
         view.listeners.append(gangs.wake)
         running.append(tasks.start(gangs.run(ready=view.ready), name="gangs"))
@@ -297,3 +299,13 @@ async def run(
     return Scheduler(
         view, planner, booker, service, extender, runner, running, strands, console_runner
     )
+
+
+def _checkpointer(bus: Bus, *, wait_s: float) -> Callable[[str, str, str], Awaitable[bool]]:
+    """Asks a job to checkpoint before a reclaim evicts it (``checkpoint.ask``)."""
+
+    async def ask(namespace: str, job: str, reason: str) -> bool:
+        got = await checkpoint.ask(bus, namespace=namespace, job=job, reason=reason, wait_s=wait_s)
+        return got is not None
+
+    return ask

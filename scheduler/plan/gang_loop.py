@@ -49,6 +49,7 @@ scheduler (from the API server's watch cache) and, per gang record
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -87,6 +88,8 @@ GANGS = zero_init(
     {"outcome": "released"},
     {"outcome": "restarted"},
     {"outcome": "reclaimed"},
+    {"outcome": "grown"},
+    {"outcome": "shrunk"},
 )
 
 
@@ -141,6 +144,8 @@ class GangLoop:
         quotas: Quotas | None = None,
         reclaim_acu_per_min: float = float("inf"),
         publish: Callable[[str, bytes], Awaitable[None]] | None = None,
+        checkpoint: Callable[[str, str, str], Awaitable[bool]] | None = None,
+        reclaim_share_per_min: float = 1.0,
     ) -> None:
         self.kube, self.kv, self.state, self.known = kube, kv, state, known
         self.held, self.reserved, self.profiles = held, reserved, profiles
@@ -149,6 +154,12 @@ class GangLoop:
         self.clock, self.quotas, self.reclaim_acu_per_min = clock, quotas, reclaim_acu_per_min
         self._reclaimed: list[tuple[float, float]] = []  # (time, ACU) of this replica's reclaims
         self.publish = publish
+        # asks a job (namespace, job, reason) to checkpoint before a reclaim
+        # evicts it; True when a newer checkpoint came in time
+        self.checkpoint = checkpoint
+        self.reclaim_share_per_min = reclaim_share_per_min  # of the pool's ACU
+        self._evicting: set[asyncio.Task[None]] = set()
+        self._hungry = False  # a ready gang waits for room: no elastic gang grows
         self._leaving: dict[str, int] = {}  # class -> devices of members leaving (this round)
         self._deferred = ""  # the last reclaim refused, logged once
         self._wake = asyncio.Event()
@@ -188,6 +199,7 @@ class GangLoop:
                 on_nodes.append((key, pod))
         self._leaving = self._unpledged(on_nodes)
         ready: list[_Ready] = []
+        growing: list[tuple[GangRecord, int, list[dict[str, Any]]]] = []
         for record, revision in self.known.all():
             live = members.get(record.key, [])
             if not live:
@@ -195,12 +207,25 @@ class GangLoop:
             elif records.restarted(record, live):
                 await self._reset(record, revision)
             elif record.state == "pledged":
+                gone = records.lost(record, live) if record.elastic else ()
+                if gone:
+                    await self._drop(record, revision, gone)
+                    continue
                 await self._ungate(record, live)
+                more = records.extras(record, live)
+                if more and len(record.ranks) < record.size:
+                    growing.append((record, revision, more))
             else:
                 found = await self._ready(record, revision, live)
                 if found is not None:
                     ready.append(found)
-        return await self._admit(ready, members) if ready else 0
+        self._hungry = False
+        won = await self._admit(ready, members) if ready else 0
+        if not self._hungry:
+            await self._grow(growing, most=True)
+        else:  # room goes to waiting gangs first; a gang below its least size is restored
+            await self._grow([g for g in growing if len(g[0].ranks) < g[0].least], most=False)
+        return won
 
     # -- waiting gangs ----------------------------------------------------
     async def _ready(
@@ -213,17 +238,11 @@ class GangLoop:
         if foreign:
             await self._note(record, live, f"waits for the gates {', '.join(foreign)} to go")
             return None
-        if len(gated) < record.size or record.requests is None:
-            await self._note(record, live, f"{len(gated)} of its {record.size} members exist")
+        if len(gated) < record.fewest or record.requests is None:
+            await self._note(record, live, f"{len(gated)} of its {record.fewest} members exist")
             return None
-        chosen = sorted(gated, key=_rank_of)[: record.size]
-        pinned = msgspec.structs.replace(
-            record.policy or Policy(),
-            vendors=(record.vendor,),
-            models=(record.model,),
-            substitution="deny",
-            job=None,
-        )
+        chosen = sorted(gated, key=records.rank_order)[: record.fewest]
+        pinned = _pinned(record)
         gang = ganging.Gang(
             name=record.key,
             members=tuple(
@@ -267,6 +286,7 @@ class GangLoop:
             if await self._pledge(by_key[plan.gang], plan, members.get(plan.gang, [])):
                 won += 1
         why = {p.gang: p.reason for p in (*admission.waiting, *admission.refused)} | shut
+        self._hungry = bool(admission.waiting) or bool(shut)
         for key, reason in why.items():
             GANGS.add(1, {"outcome": "waiting"})
             await self._note(by_key[key].record, members.get(key, []), reason)
@@ -308,7 +328,7 @@ class GangLoop:
             waiting,
             free=free,
             freeing=self._leaving,
-            budget_acu=self.reclaim_acu_per_min
+            budget_acu=min(self.reclaim_acu_per_min, self.reclaim_share_per_min * pool.total.acu)
             - sharing.spent_last_minute(self._reclaimed, now=now),
         )
         if found is None:
@@ -334,7 +354,8 @@ class GangLoop:
         for key, pod in on_nodes:
             found = self.known.get(key)
             if found is not None and found[0].state == "pledged":
-                continue
+                if found[0].rank_of(_name(pod)) is not None:
+                    continue  # a rank it holds (a shrunk elastic gang's dropped ones leave)
             notes = (pod.get("metadata") or {}).get("annotations") or {}
             try:
                 note = plannotes.decode(str(notes.get(vocabulary.PLAN) or ""))
@@ -351,16 +372,31 @@ class GangLoop:
         reclaim: sharing.Reclaim,
         members: dict[str, list[dict[str, Any]]],
     ) -> None:
-        """One victim: its record deleted (the deleter alone goes on), its
-        members evicted, both sides told."""
+        """One victim: its record deleted (an elastic gang giving up only some
+        ranks: those ranks dropped from it) in one compare-and-set (the writer
+        alone goes on); its members (ranks) asked to checkpoint, evicted, and
+        both sides told."""
         found = self.known.get(victim.key)
         if found is None:
             return
         record, revision = found
-        if record.state != "pledged" or not await self._delete_unchanged(record, revision):
+        if record.state != "pledged":
             return
+        live = members.get(record.key, [])
+        if not victim.whole and record.elastic and victim.ranks < len(record.ranks):
+            smaller, dropped = records.shrunk(record, ranks=victim.ranks, live=live)
+            if not dropped or not await self._replace_unchanged(record, revision, smaller):
+                return
+            names = {r.pod for r in dropped}
+            victims = [p for p in live if _name(p) in names]
+            what = f"its ranks {', '.join(sorted(names))} (it runs on with {len(smaller.ranks)})"
+            GANGS.add(1, {"outcome": "shrunk"})
+        else:
+            if not await self._delete_unchanged(record, revision):
+                return
+            victims, what = live, "evicted"
+            GANGS.add(1, {"outcome": "reclaimed"})
         self._reclaimed.append((self.clock(), victim.amount.acu))
-        GANGS.add(1, {"outcome": "reclaimed"})
         waiting = self.known_record(job.key)
         _log.warning(
             "gang_reclaimed",
@@ -369,21 +405,13 @@ class GangLoop:
             acu=victim.amount.acu,
             vram_mib=victim.amount.vram_mib,
             cls=reclaim.cls,
+            ranks=victim.ranks,
+            whole=victim.whole,
             reclaimed_for=job.key,
         )
         took = f"{victim.amount.acu:g} ACU/{victim.amount.vram_mib // 1024} GiB of {reclaim.cls}"
         gone = f"{record.namespace}/{record.job}"
         to = f"{waiting.namespace}/{waiting.job}"
-        victims = members.get(record.key, [])
-        for pod in victims:
-            await self._evict(pod)
-        await self._tell(
-            victims,
-            reason="Reclaimed",
-            message=f"hcs: gang {gone} borrowed beyond its namespace's guarantee; "
-            f"{took} taken back for gang {to} (within its guarantee): evicted, "
-            "it waits again and resumes from its last checkpoint",
-        )
         await self._tell(
             members.get(job.key, []),
             reason="ReclaimedFor",
@@ -405,6 +433,48 @@ class GangLoop:
                 reclaimed_for=to,
             )
         )
+        message = (
+            f"hcs: gang {gone} borrowed beyond its namespace's guarantee; {took} taken back "
+            f"for gang {to} (within its guarantee): {what}"
+        )
+        if self.checkpoint is None or not any(map(_checkpointed, victims)):
+            await self._leave(victims, record=record, message=message, saved=None)
+            return
+        task = asyncio.create_task(self._saved_then_leave(victims, record=record, message=message))
+        self._evicting.add(task)
+        task.add_done_callback(self._evicting.discard)
+
+    async def _saved_then_leave(
+        self, victims: list[dict[str, Any]], *, record: GangRecord, message: str
+    ) -> None:
+        """Ask the job to checkpoint (within the asker's wait), then evict."""
+        assert self.checkpoint is not None
+        saved = False
+        try:
+            saved = await self.checkpoint(
+                record.namespace, record.job, f"capacity reclaimed by the shared pool ({message})"
+            )
+        except Exception as exc:  # the reclaim stands: evicted from its last checkpoint
+            _log.warning("gang_reclaim_checkpoint_failed", gang=record.key, error=repr(exc))
+        await self._leave(victims, record=record, message=message, saved=saved)
+
+    async def _leave(
+        self,
+        victims: list[dict[str, Any]],
+        *,
+        record: GangRecord,
+        message: str,
+        saved: bool | None,
+    ) -> None:
+        for pod in victims:
+            await self._evict(pod)
+        if saved is None:
+            then = "it resumes from its last checkpoint"
+        elif saved:
+            then = "it checkpointed first and resumes from that checkpoint"
+        else:
+            then = "no checkpoint came in time: it resumes from its last one"
+        await self._tell(victims, reason="Reclaimed", message=f"{message}; {then}")
 
     async def _alert(self, alert: UsageAlert) -> None:
         if self.publish is None:
@@ -424,11 +494,13 @@ class GangLoop:
         except HcsError as exc:
             _log.warning("gang_evict_failed", pod=_name(pod), error=str(exc))
 
-    async def _tell(self, pods: list[dict[str, Any]], *, reason: str, message: str) -> None:
+    async def _tell(
+        self, pods: list[dict[str, Any]], *, reason: str, message: str, kind: str = "Warning"
+    ) -> None:
         for pod in pods:
             meta = pod.get("metadata") or {}
             try:
-                event = _event(pod, message=message, now=self.clock(), reason=reason)
+                event = _event(pod, message=message, now=self.clock(), reason=reason, kind=kind)
                 await self.kube.create_event(str(meta.get("namespace") or "default"), event)
             except HcsError as exc:
                 _log.info("gang_event_failed", pod=_name(pod), error=str(exc))
@@ -483,6 +555,121 @@ class GangLoop:
                 pass  # lifted by another replica meanwhile, or gone
             except HcsError as exc:
                 _log.warning("gang_ungate_failed", pod=_name(pod), error=str(exc))
+
+    # -- elastic gangs ---------------------------------------------------
+    async def _grow(
+        self, growing: list[tuple[GangRecord, int, list[dict[str, Any]]]], *, most: bool
+    ) -> None:
+        """One elastic gang (the oldest that can) grows by as many of its
+        waiting members as fit in its network group on its class, within its
+        namespace's ceiling: towards its size (``most``: no ready gang waits
+        for room), else back to its least size (ranks whose members went)."""
+        if not growing:
+            return
+        reserved = self.reserved()
+        placed = records.outstanding_ranks((r for r, _ in self.known.all()), reserved=reserved)
+        state = records.with_placed(self.state, placed)
+        held = records.without(self.held(), placed)
+        pool = await self._pool([])
+        for record, revision, more in sorted(growing, key=lambda g: (g[0].time_s, g[0].key)):
+            if record.requests is None:
+                continue
+            top = record.size if most else record.least
+            found = self._grow_plan(
+                record, more[: top - len(record.ranks)], state=state, held=held, pool=pool
+            )
+            if found is None:
+                continue
+            plan, pods = found
+            ids = [secrets.token_hex(8) for _ in plan.ranks]
+            bigger = records.grown(record, plan, pods=pods, ids=ids, now=self.clock())
+            if not await self._replace_unchanged(record, revision, bigger):
+                return
+            GANGS.add(1, {"outcome": "grown"})
+            _log.info(
+                "gang_grown",
+                gang=record.key,
+                ranks=len(bigger.ranks),
+                most=record.size,
+                added=[r.pod for r in bigger.ranks[len(record.ranks) :]],
+            )
+            await self._ungate(bigger, more)
+            await self._tell(
+                more[: len(plan.ranks)],
+                reason="GangGrown",
+                message=f"hcs: elastic gang {record.namespace}/{record.job} grows to "
+                f"{len(bigger.ranks)} of at most {record.size} ranks with idle capacity",
+                kind="Normal",
+            )
+            return
+
+    def _grow_plan(
+        self,
+        record: GangRecord,
+        more: list[dict[str, Any]],
+        *,
+        state: ClusterState,
+        held: Mapping[str, Held],
+        pool: gang_pool.Pool | None,
+    ) -> tuple[ganging.GangPlan, dict[str, str]] | None:
+        """The most of ``more`` that fit in the record's group (and ceiling)."""
+        assert record.requests is not None
+        within = records.group_state(state, record)
+        policy = _pinned(record)
+        want = min(len(more), record.size - len(record.ranks))
+        for k in range(want, 0, -1):
+            if pool is not None:
+                ask = dataclasses.replace(
+                    gang_pool.waiting_job(record, priority=record.priority), ranks=k
+                )
+                if pool.refusal(ask, used=pool.used, hungry=frozenset()):
+                    continue
+            chosen = more[:k]
+            gang = ganging.Gang(
+                name=record.key,
+                members=tuple(
+                    ganging.Member(name=_name(p), requests=record.requests, policy=policy)
+                    for p in chosen
+                ),
+            )
+            plan = ganging.plan_gang(within, gang, held=held, profiles=self.profiles)
+            if plan.ok:
+                return plan, {_name(p): _name(p) for p in chosen}
+        return None
+
+    async def _drop(self, record: GangRecord, revision: int, gone: tuple[Any, ...]) -> None:
+        """An elastic gang whose ranks' members are gone runs on with the rest
+        (it holds their room no longer); below its least size it grows back
+        first, before any waiting gang is given room."""
+        smaller = records.without_lost(record, gone)
+        if await self._replace_unchanged(record, revision, smaller):
+            GANGS.add(1, {"outcome": "shrunk"})
+            _log.info(
+                "gang_ranks_gone",
+                gang=record.key,
+                ranks=len(smaller.ranks),
+                gone=[r.pod for r in gone],
+            )
+
+    async def _replace_unchanged(
+        self, record: GangRecord, revision: int, value: GangRecord
+    ) -> bool:
+        """Write ``value`` over the gang's record in one compare-and-set if it
+        still is ``record``; True for the one replica whose write landed."""
+
+        def decide(found: GangRecord | None) -> kvcas.Change[GangRecord, bool]:
+            return kvcas.Put(value, True) if found == record else kvcas.Keep(False)
+
+        done: bool = await kvcas.update(
+            self.kv,
+            record.key,
+            decide,
+            decode=records.DECODER.decode,
+            encode=records.ENCODER.encode,
+            known=kvcas.Read(record, revision),
+            seen=lambda read: self._seen(record.key, read),
+        )
+        return done
 
     # -- restarted gangs --------------------------------------------------
     async def _reset(self, record: GangRecord, revision: int) -> None:
@@ -582,15 +769,30 @@ def _over_share(
     return None
 
 
-def _rank_of(pod: Mapping[str, Any]) -> tuple[int, str]:
+def _checkpointed(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod runs the checkpoint sidecar (it names a checkpoint directory)."""
     notes = (pod.get("metadata") or {}).get("annotations") or {}
-    index = notes.get("batch.kubernetes.io/job-completion-index")
-    rank = int(index) if isinstance(index, str) and index.isdigit() else 1 << 30
-    return rank, _name(pod)
+    return bool(notes.get(vocabulary.CHECKPOINT_DIR))
+
+
+def _pinned(record: GangRecord) -> Policy:
+    """Every member's policy held to the gang's pinned class."""
+    return msgspec.structs.replace(
+        record.policy or Policy(),
+        vendors=(record.vendor,),
+        models=(record.model,),
+        substitution="deny",
+        job=None,
+    )
 
 
 def _event(
-    pod: Mapping[str, Any], *, message: str, now: float, reason: str = "GangWaiting"
+    pod: Mapping[str, Any],
+    *,
+    message: str,
+    now: float,
+    reason: str = "GangWaiting",
+    kind: str = "Warning",
 ) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "default")
@@ -606,7 +808,7 @@ def _event(
             "name": _name(pod),
             "uid": str(meta.get("uid") or ""),
         },
-        "type": "Warning",
+        "type": kind,
         "reason": reason,
         "message": message[:1024],
         "source": {"component": REPORTER},
@@ -624,9 +826,12 @@ def of_replica(
     planner: Planner,
     scheduler_name: str,
     publish: Callable[[str, bytes], Awaitable[None]] | None = None,
+    checkpoint: Callable[[str, str, str], Awaitable[bool]] | None = None,
+    reclaim_share_per_min: float = 1.0,
 ) -> GangLoop:
     """The gang loop of one replica: its view, its pledges and gang records
-    (``publish``: core NATS, for its reclaim alerts)."""
+    (``publish``: core NATS, for its reclaim alerts; ``checkpoint``: asks a
+    job to checkpoint before a reclaim evicts it)."""
     assert planner.pledger is not None
     return GangLoop(
         kube=kube,
@@ -639,6 +844,8 @@ def of_replica(
         scheduler_name=scheduler_name,
         quotas=planner.quotas,
         publish=publish,
+        checkpoint=checkpoint,
+        reclaim_share_per_min=reclaim_share_per_min,
     )
 
 

@@ -59,7 +59,8 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True, tag="gang", tag_fiel
     namespace: str
     job: str
     run: str = ""
-    size: int
+    size: int  # its members (an elastic gang: the most it grows to)
+    least: int = 0  # an elastic gang: the fewest ranks it runs with (0: fixed, ``size``)
     vendor: str  # the pinned class
     model: str
     library: str = ""
@@ -92,6 +93,15 @@ class GangRecord(msgspec.Struct, frozen=True, kw_only=True, tag="gang", tag_fiel
     @property
     def nodes(self) -> frozenset[str]:
         return frozenset(r.node for r in self.ranks)
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.least < self.size
+
+    @property
+    def fewest(self) -> int:
+        """The ranks it starts with: its least size when elastic, else its size."""
+        return self.least if self.elastic else self.size
 
 
 ENCODER = msgspec.json.Encoder()
@@ -273,7 +283,7 @@ def waiting_held(
             acu_per_device=sizing.acu_per_device,
         )
         held = out.get(key, Held())
-        for _ in range(record.size):
+        for _ in range(record.fewest):
             held = held.plus(rank)
         out[key] = held
     return out
@@ -436,20 +446,108 @@ def restarted(record: GangRecord, live: Iterable[Mapping[str, Any]]) -> bool:
     HCS's gate and is no rank of the pledge, or was created in a later second
     than the pledge was made (a same-named replacement). Its ranks were taken
     from the members there at the pledge, so such a member is a replacement:
-    the gang restarts and is pledged again whole."""
+    the gang restarts and is pledged again whole. An elastic gang's gated
+    members that are no rank wait to grow it (``extras``); only a replaced
+    rank, or every rank's member gone (``lost``), restarts it."""
     if record.state != "pledged" or not record.ranks:
         return False
     pledged_s = int(max(r.pledge.time_s for r in record.ranks))
+    live = list(live)
     for pod in live:
         if GATE not in gates_of(pod):
             continue
         meta = pod.get("metadata") or {}
-        if record.rank_of(str(meta.get("name") or "")) is None:
+        rank = record.rank_of(str(meta.get("name") or ""))
+        if rank is None:
+            if record.elastic:
+                continue
             return True
+        since = int(rank.pledge.time_s) if record.elastic else pledged_s  # grown ranks are later
         created = created_s(pod)
-        if created is not None and created > pledged_s:
+        if created is not None and created > since:
             return True
-    return False
+    return record.elastic and len(lost(record, live)) == len(record.ranks)
+
+
+def lost(record: GangRecord, live: Iterable[Mapping[str, Any]]) -> tuple[RankPledge, ...]:
+    """The ranks of a pledged record whose member is no longer among ``live``
+    (gone, finished or being deleted)."""
+    there = {str((p.get("metadata") or {}).get("name") or "") for p in live}
+    return tuple(r for r in record.ranks if r.pod not in there)
+
+
+def extras(record: GangRecord, live: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An elastic gang's members behind HCS's gate that hold no rank (they
+    wait to grow it), lowest rank first."""
+    if not record.elastic:
+        return []
+    out = [
+        p
+        for p in live
+        if GATE in gates_of(p)
+        and record.rank_of(str((p.get("metadata") or {}).get("name") or "")) is None
+    ]
+    return sorted(out, key=rank_order)
+
+
+def rank_order(pod: Mapping[str, Any]) -> tuple[int, str]:
+    """A member's place among its gang: its Job completion index, then its name."""
+    meta = pod.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    index = notes.get("batch.kubernetes.io/job-completion-index")
+    rank = int(index) if isinstance(index, str) and index.isdigit() else 1 << 30
+    return rank, str(meta.get("name") or "")
+
+
+def grown(
+    record: GangRecord,
+    plan: ganging.GangPlan,
+    *,
+    pods: Mapping[str, str],
+    ids: Iterable[str],
+    now: float,
+) -> GangRecord:
+    """A pledged elastic record with the ranks ``plan`` places added (its
+    collective flags are kept: the new ranks are in its network group)."""
+    more = pledged(record, plan, pods=pods, ids=ids, now=now)
+    return msgspec.structs.replace(record, ranks=record.ranks + more.ranks)
+
+
+def shrunk(
+    record: GangRecord, *, ranks: int, live: Iterable[Mapping[str, Any]]
+) -> tuple[GangRecord, tuple[RankPledge, ...]]:
+    """A pledged elastic record less its ``ranks`` highest ranks (by their
+    members' ``rank_order`` among ``live``; a rank whose member is gone
+    first), never below its least size, and the ranks dropped."""
+    order = {str((p.get("metadata") or {}).get("name") or ""): rank_order(p) for p in live}
+    keep = max(record.fewest, len(record.ranks) - ranks)
+    ordered = sorted(record.ranks, key=lambda r: order.get(r.pod, (1 << 31, r.pod)))
+    kept = {r.pod for r in ordered[:keep]}
+    return (
+        msgspec.structs.replace(record, ranks=tuple(r for r in record.ranks if r.pod in kept)),
+        tuple(r for r in ordered[keep:]),
+    )
+
+
+def without_lost(record: GangRecord, gone: Iterable[RankPledge]) -> GangRecord:
+    """A pledged elastic record less the ranks whose members are gone."""
+    drop = {r.pod for r in gone}
+    return msgspec.structs.replace(
+        record, ranks=tuple(r for r in record.ranks if r.pod not in drop)
+    )
+
+
+def group_state(state: ClusterState, record: GangRecord) -> ClusterState:
+    """``state`` narrowed to the network group of a pledged record (its one
+    node when it has no group): where it may grow."""
+    out = ClusterState()
+    for node in state.schedulable():
+        label, value = ganging.group_of(node)
+        if (record.group and label and value == record.group) or (
+            not record.group and node.name in record.nodes
+        ):
+            out.nodes[node.name] = node
+    return out
 
 
 def created_s(pod: Mapping[str, Any]) -> int | None:

@@ -63,9 +63,13 @@ class GangPins:
                 f"hcs: gang {request.gang_key!r} of size {request.gang_size} is not a gang "
                 f"of namespace {request.namespace}"
             )
-        gang = records.gang_of(
-            key, size=request.gang_size, requests=request.requests, policy=request.policy
-        )
+        if request.gang_min and not 0 < request.gang_min < request.gang_size:
+            return _refused(
+                f"hcs: gang {request.gang_key!r}: its least size {request.gang_min} is not "
+                f"between 1 and its size {request.gang_size}"
+            )
+        fewest = request.gang_min or request.gang_size
+        gang = records.gang_of(key, size=fewest, requests=request.requests, policy=request.policy)
 
         made = False
 
@@ -82,6 +86,7 @@ class GangPins:
                 job=job,
                 run=run,
                 size=request.gang_size,
+                least=request.gang_min,
                 vendor=pin.vendor,
                 model=pin.model,
                 library=pin.library,
@@ -142,6 +147,11 @@ def _disagrees(record: GangRecord, request: PlanRequest) -> str:
         return (
             f"this pod says the gang has {request.gang_size} members, its first member "
             f"said {record.size}"
+        )
+    if record.least != request.gang_min:
+        return (
+            f"this pod says the gang runs with at least {request.gang_min or request.gang_size} "
+            f"members, its first member said {record.fewest}"
         )
     if record.requests is not None and record.requests != request.requests:
         return (

@@ -49,24 +49,28 @@ def devices_per_rank(record: GangRecord) -> int:
 def running_job(record: GangRecord) -> Job:
     """A pledged gang as ``share_rules`` counts it: whole ranks of its class,
     its age the time of its pledges (reclaim takes the newest first)."""
+    ranks = len(record.ranks) or record.fewest
     return Job(
         key=record.key,
         namespace=record.namespace,
-        ranks=len(record.ranks) or record.size,
+        ranks=ranks,
         devices_per_rank=devices_per_rank(record),
         classes=(record.class_key,),
         priority=record.priority,
         since_s=max((r.pledge.time_s for r in record.ranks), default=record.time_s),
+        min_ranks=min(record.least, ranks) if record.elastic else None,
+        max_ranks=record.size if record.elastic else None,
         cls=record.class_key,
     )
 
 
 def waiting_job(record: GangRecord, *, priority: int) -> Job:
-    """A gang ready to plan, on its pinned class, aged from its pinning."""
+    """A gang ready to plan, on its pinned class, aged from its pinning (an
+    elastic gang asks its least size: it starts with that and grows)."""
     return Job(
         key=record.key,
         namespace=record.namespace,
-        ranks=record.size,
+        ranks=record.fewest,
         devices_per_rank=devices_per_rank(record),
         classes=(record.class_key,),
         priority=priority,

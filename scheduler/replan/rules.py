@@ -253,7 +253,7 @@ def gang_move(
         return None
     if policy.substitution != "allow" or any(action_of(m) == "report" for m in found):
         return None
-    gang = gangs.gang_of(record.key, size=record.size, requests=record.requests, policy=policy)
+    gang = gangs.gang_of(record.key, size=record.fewest, requests=record.requests, policy=policy)
     here = gangs.pinned_to(gang, vendor=record.vendor, model=record.model)
     if ganging.plan_gang(state, here, held=held, profiles=profiles).ok:
         return None  # it fits where it is pinned: the gang loop pledges it
@@ -268,7 +268,7 @@ def gang_move(
         if ganging.plan_gang(state, there, held=held, profiles=profiles).ok:
             reason = (
                 f"gang {record.namespace}/{record.job}: {record.class_key} cannot hold its "
-                f"{record.size} ranks while {key} can (substitution: allow); every member is "
+                f"{record.fewest} ranks while {key} can (substitution: allow); every member is "
                 "planned again there"
             )
             return GangMove(record=record, members=found, vendor=vendor, model=model, reason=reason)

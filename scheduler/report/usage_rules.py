@@ -16,8 +16,9 @@ usage over ``[a, c]``. A second ``bound`` for an allocation already open
 (the scheduler re-announces a pod it finds bound at expiry) does not restart
 it; a release of an allocation never bound is ignored.
 
-``split_by_guarantee`` meters a namespace's ACU-seconds within its guarantee
-apart from those it borrowed in the shared pool.
+``split_by_guarantee`` (per namespace) and ``split_by_key`` (per namespace
+and model) meter usage held within a namespace's ComputeQuota guarantee apart
+from what it borrowed in the shared pool, in every unit above.
 
 ``quota_share`` and ``crossings`` decide the usage alert: a namespace whose
 held VRAM or ACU reaches ``threshold`` of its ComputeQuota fires once, and is
@@ -27,7 +28,7 @@ in alert again only after falling below ``rearm``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hcs_bus.messages import AllocationEvent
@@ -248,36 +249,135 @@ def crossings(
 
 
 @dataclass(frozen=True, slots=True)
-class Split:
-    """ACU-seconds a namespace held within its guarantee, and beyond it (borrowed)."""
+class Guarantee:
+    """What a namespace's ComputeQuota guarantees; None: nothing in that unit."""
 
-    within_acu_s: float = 0.0
-    borrowed_acu_s: float = 0.0
+    acu: float | None = None
+    vram_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Usage held within the namespace's guarantee, and beyond it (borrowed)."""
+
+    within: Usage = Usage()
+    borrowed: Usage = Usage()
+
+    def __add__(self, other: Split) -> Split:
+        return Split(within=self.within + other.within, borrowed=self.borrowed + other.borrowed)
+
+    @property
+    def within_acu_s(self) -> float:
+        return self.within.acu_s
+
+    @property
+    def borrowed_acu_s(self) -> float:
+        return self.borrowed.acu_s
 
 
 def split_by_guarantee(
-    spans: Iterable[Span], *, since: float, now: float, guaranteed_acu: dict[str, float]
+    spans: Iterable[Span], *, since: float, now: float, guarantees: Mapping[str, Guarantee]
 ) -> dict[str, Split]:
-    """Per namespace, its ACU held over ``[since, now]`` split at its
-    guarantee (absent: 0, all borrowed): at each moment what it holds up to
-    the guarantee is within, the rest borrowed. The two add up to the
-    window's ACU-seconds, and windows add up as ``usage``'s do."""
-    steps: dict[str, list[tuple[float, float]]] = {}
+    """Per namespace, its usage over ``[since, now]`` split at its guarantee
+    (``split_by_key`` summed over its models)."""
+    out: dict[str, Split] = {}
+    for (namespace, _, _), part in split_by_key(
+        spans, since=since, now=now, guarantees=guarantees
+    ).items():
+        out[namespace] = out.get(namespace, Split()) + part
+    return out
+
+
+def split_by_key(
+    spans: Iterable[Span], *, since: float, now: float, guarantees: Mapping[str, Guarantee]
+) -> dict[Key, Split]:
+    """Per (namespace, vendor, model), its usage over ``[since, now]`` (``now``
+    finite) split at the namespace's guarantee. At each moment, of what the
+    namespace holds:
+
+    * ACU up to its ACU guarantee is within, the rest borrowed; VRAM likewise
+      against its VRAM guarantee; a unit it has no guarantee in (or a
+      namespace with no ComputeQuota) is all borrowed;
+    * devices are within as far as every unit the guarantee names is: the
+      smaller of the ACU and VRAM fractions within (ComputeQuota guarantees
+      no devices); with no guarantee at all, all borrowed.
+
+    A namespace's fraction within applies alike to each of its models. Within
+    plus borrowed is the window's usage, within never exceeds the guarantee
+    times the window, and windows add up as ``usage``'s do."""
+    steps: dict[str, list[tuple[float, int, Span]]] = {}
     for span in spans:
         start = max(span.start_s, since)
         end = now if span.end_s is None else min(span.end_s, now)
-        if end <= start or span.acu <= 0:
-            continue
-        steps.setdefault(span.namespace, []).extend(((start, span.acu), (end, -span.acu)))
-    out: dict[str, Split] = {}
+        if end > start:
+            steps.setdefault(span.namespace, []).extend(((start, 1, span), (end, -1, span)))
+    out: dict[Key, Split] = {}
     for namespace, changes in sorted(steps.items()):
-        floor = max(guaranteed_acu.get(namespace, 0.0), 0.0)
-        within = lent = held_acu = 0.0
-        last = since
-        for time_s, delta in sorted(changes):
-            seconds = time_s - last
-            within += min(held_acu, floor) * seconds
-            lent += max(held_acu - floor, 0.0) * seconds
-            held_acu, last = held_acu + delta, time_s
-        out[namespace] = Split(within_acu_s=within, borrowed_acu_s=lent)
+        changes.sort(key=lambda c: (c[0], c[1]))
+        _sweep(changes, since=since, guarantee=guarantees.get(namespace, Guarantee()), out=out)
     return out
+
+
+def _sweep(
+    changes: Sequence[tuple[float, int, Span]],
+    *,
+    since: float,
+    guarantee: Guarantee,
+    out: dict[Key, Split],
+) -> None:
+    """One namespace's holdings, step by step, into ``out``."""
+    holding: dict[Key, list[float]] = {}  # key → [devices, vram MiB, ACU, open spans]
+    last = since
+    for time_s, sign, span in changes:
+        seconds = time_s - last
+        if seconds > 0 and holding:
+            _accrue(holding, guarantee=guarantee, seconds=seconds, out=out)
+        now_held = holding.setdefault(span.key, [0.0, 0.0, 0.0, 0.0])
+        for i, amount in enumerate((span.devices, span.vram_mib, span.acu, 1)):
+            now_held[i] += sign * amount
+        if now_held[3] <= 0:
+            del holding[span.key]
+        last = time_s
+
+
+def _accrue(
+    holding: Mapping[Key, list[float]],
+    *,
+    guarantee: Guarantee,
+    seconds: float,
+    out: dict[Key, Split],
+) -> None:
+    acu = sum(h[2] for h in holding.values())
+    vram = sum(h[1] for h in holding.values())
+    f_acu = _fraction_within(acu, guarantee.acu)
+    f_vram = _fraction_within(vram, guarantee.vram_mib)
+    named = [f for f, g in ((f_acu, guarantee.acu), (f_vram, guarantee.vram_mib)) if g is not None]
+    f_devices = min(named) if named else 0.0
+    for key, (devices, vram_mib, key_acu, _) in holding.items():
+        held = Usage(
+            device_s=max(devices, 0.0) * seconds,
+            acu_s=max(key_acu, 0.0) * seconds,
+            vram_gib_s=max(vram_mib, 0.0) / MIB_PER_GIB * seconds,
+        )
+        within = Usage(
+            device_s=held.device_s * f_devices,
+            acu_s=held.acu_s * f_acu,
+            vram_gib_s=held.vram_gib_s * f_vram,
+        )
+        borrowed = Usage(
+            device_s=held.device_s * (1.0 - f_devices),
+            acu_s=held.acu_s * (1.0 - f_acu),
+            vram_gib_s=held.vram_gib_s * (1.0 - f_vram),
+        )
+        out[key] = out.get(key, Split()) + Split(within=within, borrowed=borrowed)
+
+
+def _fraction_within(held: float, guaranteed: float | None) -> float:
+    """The part of ``held`` within ``guaranteed`` (None: no guarantee, 0)."""
+    floor = max(guaranteed or 0.0, 0.0)
+    if held <= _TINY:
+        return 1.0 if floor > 0 else 0.0
+    return min(1.0, floor / held)
+
+
+_TINY = 1e-9  # what a sum of added and removed ACU leaves of nothing

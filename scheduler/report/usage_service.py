@@ -8,7 +8,9 @@
   from the stream, which Prometheus reads as a counter reset) and a gauge
   ``hcs_usage_quota_ratio`` (held / hard, the tighter of VRAM and ACU);
 * writes ``status.usage`` of every ComputeQuota of a namespace that held
-  devices within the window (``window_s``, default the last 24 h);
+  devices within the window (``window_s``, default the last 24 h), its
+  totals split at the quota's guarantee (``withinGuarantee`` and
+  ``borrowed``: ``usage_rules.split_by_guarantee``);
 * publishes a ``UsageAlert`` on ``hcs.usage.<namespace>`` (core NATS) when a
   namespace's share of its quota reaches ``alert_share``, once per crossing
   (again after it fell below ``rearm_share``).
@@ -45,7 +47,7 @@ from hcs_bus.units import QuantityError, format_mib
 from scheduler.plan.rules import QuotaLimits
 from scheduler.quota.source import from_objects
 from scheduler.report import usage_rules as metering
-from scheduler.report.usage_rules import Held, Key, Lifetimes, Usage
+from scheduler.report.usage_rules import Guarantee, Held, Key, Lifetimes, Span, Split, Usage
 
 _log = logger("hcs.metering")
 BYTES_PER_GIB = 1 << 30  # the VRAM counter is in bytes, as Prometheus names units
@@ -144,10 +146,17 @@ class Meter:
         window = metering.usage(spans, since=since, now=now)
         holding = metering.held(spans)
         namespaces = {ns for ns, _, _ in window} | set(holding) | set(self.shares)
+        by_namespace: dict[str, list[Span]] = {}
+        for span in spans:
+            by_namespace.setdefault(span.namespace, []).append(span)
         shares: dict[str, float] = {}
         for namespace in sorted(namespaces):
             share = await self._namespace(
-                namespace, window=window, holding=holding.get(namespace, Held()), now=now
+                namespace,
+                window=window,
+                holding=holding.get(namespace, Held()),
+                spans=by_namespace.get(namespace, []),
+                now=now,
             )
             if share is not None:
                 shares[namespace] = share
@@ -159,7 +168,13 @@ class Meter:
             await self._alert(namespace, holding=holding.get(namespace, Held()), now=now)
 
     async def _namespace(
-        self, namespace: str, *, window: dict[Key, Usage], holding: Held, now: float
+        self,
+        namespace: str,
+        *,
+        window: dict[Key, Usage],
+        holding: Held,
+        spans: list[Span],
+        now: float,
     ) -> float | None:
         """Write the namespace's quotas' ``status.usage``; its quota share."""
         if self.kube is None:
@@ -179,7 +194,17 @@ class Meter:
         if found and limits is not None:
             self.limits[namespace] = (found[1], limits)
         mine = {k: v for k, v in window.items() if k[0] == namespace}
-        status = usage_status(mine, holding=holding, share=share, now=now, window_s=self.window_s)
+        guarantee = (
+            Guarantee(acu=limits.guaranteed_acu, vram_mib=limits.guaranteed_vram_mib)
+            if limits is not None
+            else Guarantee()
+        )
+        split = metering.split_by_guarantee(
+            spans, since=now - self.window_s, now=now, guarantees={namespace: guarantee}
+        ).get(namespace, Split())
+        status = usage_status(
+            mine, holding=holding, share=share, now=now, window_s=self.window_s, split=split
+        )
         for quota in quotas if self.leading else ():
             name = str((quota.get("metadata") or {}).get("name", ""))
             try:
@@ -216,10 +241,17 @@ class Meter:
 
 
 def usage_status(
-    found: dict[Key, Usage], *, holding: Held, share: float | None, now: float, window_s: float
+    found: dict[Key, Usage],
+    *,
+    holding: Held,
+    share: float | None,
+    now: float,
+    window_s: float,
+    split: Split | None = None,
 ) -> dict[str, Any]:
     """``status.usage`` of a ComputeQuota (schema in
-    ``deploy/base/crds/computequotas.yaml``)."""
+    ``deploy/base/crds/computequotas.yaml``); ``split``: the window's usage
+    within the guarantee and borrowed."""
     total = sum(found.values(), Usage())
     status: dict[str, Any] = {
         "windowSeconds": window_s,
@@ -238,6 +270,9 @@ def usage_status(
     }
     if share is not None:
         status["quotaShare"] = round(share, 4)
+    if split is not None:
+        status["withinGuarantee"] = _figures(split.within)
+        status["borrowed"] = _figures(split.borrowed)
     return status
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hcs_bus.errors import BusUnavailable, KubeNotFound
-from injector.admitting import gang_of
+from injector.admitting import GangOf, gang_of
 from injector.owning import Owners, owning_job
 
 UID = "0f6c-4e"
@@ -56,7 +56,7 @@ async def test_the_ranks_of_an_indexed_job_are_one_gang_of_its_parallelism_read_
     for i in range(12):
         job = await owners.job_of("ml", _pod(i))
         gangs.add(gang_of(_pod(i), namespace="ml", job=job))
-    assert gangs == {(f"ml/train/{UID}", 12)}
+    assert gangs == {GangOf(f"ml/train/{UID}", 12)}  # a fixed gang: no least size
     assert asked == [("ml", "train")]  # one GET for the twelve ranks
     assert gang_of(_pod(0), namespace="ml") is None  # unsized without the Job: no gang
 
@@ -115,3 +115,13 @@ async def test_a_pod_group_of_coscheduling_volcano_or_kai_is_a_gang_of_its_min_m
     assert len(asked) == 3
     kueue = _grouped(labels={"kueue.x-k8s.io/pod-group-name": "w"})
     assert await owners.pod_group_of("ml", kueue) is None  # sized on the pod itself
+
+
+def test_a_job_of_twelve_whose_pods_say_a_least_size_of_four_is_an_elastic_gang() -> None:
+    pod = _pod(3)
+    pod["metadata"]["annotations"]["hcs.io/job-min"] = "4"
+    assert gang_of(pod, namespace="ml", job=_job(parallelism=12)) == GangOf(
+        f"ml/train/{UID}", 12, 4
+    )
+    pod["metadata"]["annotations"]["hcs.io/job-min"] = "12"  # least == size: a fixed gang
+    assert gang_of(pod, namespace="ml", job=_job(parallelism=12)) == GangOf(f"ml/train/{UID}", 12)

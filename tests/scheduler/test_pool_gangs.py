@@ -7,6 +7,7 @@ evicted, Events on both sides) for a namespace owed its guarantee."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,8 @@ class World:
             clock=self.clock,
         )
 
-    async def submit(self, namespace: str, job: str, *, size: int) -> None:
+    async def submit(self, namespace: str, job: str, *, size: int, least: int = 0) -> None:
+        """A gang of ``size`` members (elastic: ``least`` and up)."""
         self.clock.now += 1.0
         for i in range(size):
             plan = await self.pins.place(
@@ -130,13 +132,19 @@ class World:
                     admission_uid=f"adm-{namespace}-{job}-{i}",
                     gang_key=f"{namespace}/{job}/r1",
                     gang_size=size,
+                    gang_min=least,
                 )
             )
             assert plan.ok, plan.reason
             pod = _pod(namespace, job, i, size)
             self.kube.pods[pod["metadata"]["name"]] = pod
 
-    async def loop(self, *, reclaim_acu_per_min: float = float("inf")) -> GangLoop:
+    async def loop(
+        self,
+        *,
+        reclaim_acu_per_min: float = float("inf"),
+        checkpoint: Callable[[str, str, str], Awaitable[bool]] | None = None,
+    ) -> GangLoop:
         known = records.Records()
         keys = await self.kv.keys()
         for key in keys:
@@ -156,6 +164,7 @@ class World:
             quotas=self.quotas,
             reclaim_acu_per_min=reclaim_acu_per_min,
             publish=self.bus.nc.publish,
+            checkpoint=checkpoint,
         )
 
     async def devices_of(self, namespace: str, job: str) -> list[Any]:
