@@ -183,6 +183,9 @@ class PlanRequest(_Frozen, frozen=True, tag="plan_request", tag_field="type"):
     gang_size: int = 0
     # an elastic gang: the fewest members it runs with (0: a fixed gang of gang_size)
     gang_min: int = 0
+    # the pod's spec.priority (its PriorityClass's value, set by the API server
+    # before webhooks run): a gang's place in the queue
+    priority: int = 0
     v: int = 1
 
 

@@ -283,6 +283,7 @@ class Admitter:
             gang_key=gang[0] if gang is not None else "",
             gang_size=gang[1] if gang is not None else 0,
             gang_min=gang.least if gang is not None else 0,
+            priority=_priority(pod),
         )
         try:
             async with asyncio.timeout(budget_s):
@@ -404,6 +405,12 @@ def gate_ops(pod: dict[str, Any]) -> list[dict[str, Any]]:
     if any(isinstance(g, dict) and g.get("name") == vocabulary.GANG_GATE for g in gates):
         return []
     return [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]
+
+
+def _priority(pod: dict[str, Any]) -> int:
+    """The pod's ``spec.priority`` (0 when absent or not a whole number)."""
+    found = (pod.get("spec") or {}).get("priority")
+    return found if isinstance(found, int) and not isinstance(found, bool) else 0
 
 
 def _identity(pod: dict[str, Any]) -> str:

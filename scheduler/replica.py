@@ -251,7 +251,9 @@ async def run(
     runner = console_runner = None
     running: list[asyncio.Task[Any]] = []
     if serving is not None:
-        pool = console.Console(view, bus=bus, profiles=planner.profiles, quotas=quotas)
+        pool = console.Console(
+            view, bus=bus, profiles=planner.profiles, quotas=quotas, pledger=pledger
+        )
         runner, console_runner, running = await _servers(cfg, serving, extender, pool)
     running.append(
         tasks.start(watching.expire_loop(booker, ttl_s=cfg.reserve_ttl_s), name="expire")
@@ -275,7 +277,7 @@ async def run(
             reclaim_share_per_min=cfg.reclaim_pool_share_per_min,
         )
         view.listeners.append(gangs.wake)
-        running.append(tasks.start(gangs.run(ready=view.ready), name="gangs"))
+        running.append(tasks.supervise(lambda: gangs.run(ready=view.ready), name="gangs"))
         used = UsedWriter(
             kube=kube,
             quotas=quotas,

@@ -14,6 +14,8 @@ bar). Without it: 401 with a message saying how to pass it (JSON under
     GET /api/nodes/{name}         one node: devices, reservations, labels
     GET /api/alerts?limit&node&severity
     GET /api/history?window_s     samples for the plots
+    GET /api/queue                the shared pool's queue: what ``hcs queue --json``
+                                  prints (``scheduler.quota.queue_view``)
     GET /api/events               Server-Sent Events: ``overview`` on every change,
                                   at most once per ``push_every_s`` (longer on
                                   a large fleet, see LOOP_SHARE)
@@ -21,7 +23,9 @@ bar). Without it: 401 with a message saying how to pass it (JSON under
 What it reads: the replica's ``ClusterView`` (nodes, devices, verdicts,
 reservations), its own follower of ``HCS_HEALTH`` (alerts, replayed for
 ``alerts_replay_s``), KV ``hcs_ckpt`` for the jobs holding devices and the
-quota source, both refreshed every ``refresh_every_s``. A bad query is a 4xx
+quota source, both refreshed every ``refresh_every_s``; for the queue, the
+pledger's pledges and gang records (its KV watch) and the quota source at
+each request. A bad query is a 4xx
 whose JSON body names the reason; so is an unknown path or method under /api/.
 """
 
@@ -50,7 +54,9 @@ from hcs_bus.profiles import ProfileDB
 from hcs_bus.settings import SchedulerSettings
 from hcs_bus.telemetry import logger, meter
 from scheduler.console import panels
-from scheduler.plan.rules import QuotaLimits
+from scheduler.ledger.pledge_store import Pledger
+from scheduler.plan.rules import QuotaLimits, summarise
+from scheduler.quota import queue_view
 from scheduler.quota.source import QuotaSource
 from scheduler.view.follow_loop import ClusterView, health_follower
 
@@ -72,7 +78,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class Console:
     """The console's state beside the view: alerts, checkpoints, quota limits,
-    history; and a pulse that wakes the live feeds on every change."""
+    history; and a pulse that wakes the live feeds on every change. The
+    queue is read from ``pledger`` (None: no pledge and no gang is known)."""
 
     def __init__(
         self,
@@ -81,6 +88,7 @@ class Console:
         bus: Bus,
         profiles: ProfileDB,
         quotas: QuotaSource | None,
+        pledger: Pledger | None = None,
         clock: Callable[[], float] = time.time,
         push_every_s: float = 1.0,
         heartbeat_s: float = 15.0,
@@ -91,6 +99,7 @@ class Console:
         alerts_replay_s: float = 3600.0,
     ) -> None:
         self.view, self.bus, self.profiles, self.quotas = view, bus, profiles, quotas
+        self.pledger = pledger
         self.clock = clock
         self.push_every_s, self.heartbeat_s = push_every_s, heartbeat_s
         self.sample_every_s, self.refresh_every_s = sample_every_s, refresh_every_s
@@ -196,6 +205,30 @@ class Console:
             ready=self.view.ready.is_set(),
         )
 
+    async def queue(self) -> dict[str, Any]:
+        """The shared pool's queue as ``hcs queue --json`` prints it, from this
+        replica's memory: the view's reservations, the pledger's pledges and
+        gang records, the fleet's classes and the namespaces' quotas."""
+        state = self.view.state
+        ledger = state.ledger()
+        pledged = self.pledger.known() if self.pledger is not None else {}
+        gangs = [r for r, _ in self.pledger.gangs.all()] if self.pledger is not None else []
+        classes = dict(summarise(state.schedulable()).classes)
+        seen = queue_view.namespaces_of(ledger, pledged.values(), gangs)
+        limits: dict[str, QuotaLimits | None] = {ns: None for ns in seen}
+        if self.quotas is not None:
+            for namespace in sorted(seen | self.quotas.named()):
+                limits[namespace] = await self.quotas.limits(namespace)
+        return queue_view.view(
+            ledger,
+            pledged.values(),
+            limits=limits,
+            pool=queue_view.pool_of(classes),
+            now=self.clock(),
+            gangs=gangs,
+            classes=classes,
+        )
+
     def push_pause_s(self) -> float:
         """The least time between two pushes to one live feed."""
         return max(self.push_every_s, self.build_s / LOOP_SHARE)
@@ -242,6 +275,11 @@ class Console:
         window_s = panels.history_query(request.query, most_s=max(most_s, 1))
         series = self.history.series(since_s=self.clock() - window_s)
         return _json({"sample_every_s": self.sample_every_s, **series})
+
+    async def get_queue(self, request: web.Request) -> web.Response:
+        if request.query:
+            raise panels.QueryError(f"/api/queue takes no parameters, got {list(request.query)}")
+        return _json(await self.queue())
 
     async def get_events(self, request: web.Request) -> web.StreamResponse:
         if request.query:
@@ -394,6 +432,7 @@ def mount(app: web.Application, console: Console) -> None:
     app.router.add_get("/api/nodes/{name}", console.get_node)
     app.router.add_get("/api/alerts", console.get_alerts)
     app.router.add_get("/api/history", console.get_history)
+    app.router.add_get("/api/queue", console.get_queue)
     app.router.add_get("/api/events", console.get_events)
     app.cleanup_ctx.append(_lifetime)
     app.on_shutdown.append(_closing)

@@ -208,6 +208,19 @@ class Pledger:
         kept = (o.pledge for o in (mine or {}).values())
         return NamespacePledges(namespace=ns, pledges=(*before, *kept, *ganged))
 
+    def known(self) -> dict[str, NamespacePledges]:
+        """Every namespace's pledges this replica knows: its document and its
+        own keys (the ranks of pledged gangs aside), as KV holds them."""
+        out = {}
+        for ns in sorted(self.docs.keys() | self.keyed.keys()):
+            held, mine = self.docs.get(ns), self.keyed.get(ns) or {}
+            doc = held.doc if held is not None else None
+            if doc is not None or mine:
+                before = doc.pledges if doc is not None else ()
+                kept = tuple(o.pledge for o in mine.values())
+                out[ns] = NamespacePledges(namespace=ns, pledges=(*before, *kept))
+        return out
+
     async def read(self, namespace: str) -> _Held:
         """The namespace's document as KV holds it now (kept in ``docs``)."""
         found = await kvcas.read(self.kv, pledges.key_for(namespace), decode=_DECODER.decode)

@@ -674,22 +674,7 @@ class GangLoop:
     # -- restarted gangs --------------------------------------------------
     async def _reset(self, record: GangRecord, revision: int) -> None:
         """A pledged gang whose members were replaced waits again, whole."""
-
-        def decide(found: GangRecord | None) -> kvcas.Change[GangRecord, bool]:
-            if found is None or found != record:
-                return kvcas.Keep(False)
-            return kvcas.Put(records.reset(found), True)
-
-        done = await kvcas.update(
-            self.kv,
-            record.key,
-            decide,
-            decode=records.DECODER.decode,
-            encode=records.ENCODER.encode,
-            known=kvcas.Read(record, revision),
-            seen=lambda read: self._seen(record.key, read),
-        )
-        if done:
+        if await self._replace_unchanged(record, revision, records.reset(record)):
             GANGS.add(1, {"outcome": "restarted"})
             _log.info("gang_restarted", gang=record.key, vendor=record.vendor, model=record.model)
             self._told.pop(record.key, None)

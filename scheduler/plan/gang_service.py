@@ -91,6 +91,7 @@ class GangPins:
                 model=pin.model,
                 library=pin.library,
                 time_s=self.clock(),
+                priority=request.priority,
                 requests=request.requests,
                 policy=request.policy,
             )
@@ -128,11 +129,32 @@ class GangPins:
             model=found.model,
             ok=plan.ok,
         )
-        return msgspec.structs.replace(plan, pledge="")
+        return msgspec.structs.replace(_queued_at_ceiling(plan, size=found.fewest), pledge="")
 
     def _seen(self, key: str, read: kvcas.Read[GangRecord]) -> None:
         if read.value is not None and read.revision is not None:
             self.known.apply(key, records.ENCODER.encode(read.value), read.revision)
+
+
+def _queued_at_ceiling(plan: Plan, *, size: int) -> Plan:
+    """A member refused only because its namespace's ceiling is full now is
+    admitted: the gang loop keeps its gang waiting at the ceiling (the
+    reason says so). Still refused when ``size`` ranks alone are above the
+    ceiling: that gang never fits."""
+    verdict = plan.quota
+    if plan.ok or verdict is None or verdict.ok or not plan.vendor:
+        return plan
+    devices = size * plan.devices
+    vram, acu = devices * plan.vram_mib_per_device, devices * plan.acu_per_device
+    if (verdict.vram_mib_hard is not None and vram > verdict.vram_mib_hard) or (
+        verdict.acu_hard is not None and acu > verdict.acu_hard + 1e-6
+    ):
+        return msgspec.structs.replace(
+            plan, reason=f"{plan.reason}; the gang's {size} ranks alone are above the ceiling"
+        )
+    return msgspec.structs.replace(
+        plan, ok=True, reason=f"the gang waits at its namespace's ceiling ({verdict.reason})"
+    )
 
 
 def _parts(run_key: str) -> tuple[str, str, str]:

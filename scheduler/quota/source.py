@@ -197,6 +197,11 @@ class QuotaSource:
         self._reading: dict[str, asyncio.Task[QuotaLimits | None]] = {}
         self.names: dict[str, tuple[str, ...]] = {}  # namespace → its ComputeQuotas
 
+    def named(self) -> frozenset[str]:
+        """The namespaces the quota file names (none with a cluster: its
+        ComputeQuotas are read per namespace)."""
+        return frozenset(self._file or ()) if self.kube is None else frozenset()
+
     async def limits(self, namespace: str) -> QuotaLimits | None:
         if self.kube is None:
             return (self._file or {}).get(namespace)

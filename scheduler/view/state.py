@@ -234,6 +234,10 @@ class ClusterState:
     def reservations_of(self, node_name: str) -> NodeReservations | None:
         return self._reservations.get(node_name)
 
+    def ledger(self) -> list[NodeReservations]:
+        """Every node's reservations document held, nodes not reported yet too."""
+        return list(self._reservations.values())
+
     def revision_of(self, node_name: str) -> int | None:
         """The KV revision of the document ``reservations_of`` holds, if known."""
         return self._revisions.get(node_name)

@@ -2,7 +2,9 @@
 Playwright) against the real stack of `hcs up`: the page shows the fleet, and
 when a device falls off the bus it updates in place, without a reload. The
 fault is published by the test, as the node's agent does (Xid 79 on
-``hcs.health.gpu-a``), once the page is drawn: no race with a schedule."""
+``hcs.health.gpu-a``), once the page is drawn: no race with a schedule. A
+gang waiting whole (its pinned record in KV ``hcs_alloc``) shows in the
+Queue panel."""
 
 from __future__ import annotations
 
@@ -21,17 +23,22 @@ from pathlib import Path
 
 import pytest
 
-from hcs_bus import subjects
+from hcs_bus import streams, subjects
 from hcs_bus.bus import connect
-from hcs_bus.messages import HealthEvent
+from hcs_bus.messages import HealthEvent, Requests
 from hcs_bus.natsserver import free_port
 from hcs_bus.settings import BusSettings
+from scheduler.plan import gang_records
 from tests.cli.fleets import demo_fleet
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (pip install -e .[test])")
 
 FLEET = demo_fleet()
+# more A100s than the fleet has: it waits whole, holding nothing
+WAITING = gang_records.GangRecord(namespace="ml", job="waits", run="r1", size=64, vendor="nvidia",
+                                  model="A100-80G", time_s=time.time(),
+                                  requests=Requests(devices=1))  # fmt: skip
 
 
 def _said(out: Path, proc: subprocess.Popen[str], prefix: str, *, timeout_s: float) -> str:
@@ -61,6 +68,21 @@ def _fail_device(nats_url: str, *, node: str, device: int) -> None:
 
     with ThreadPoolExecutor(1) as thread:  # Playwright's sync API holds this thread's loop
         thread.submit(asyncio.run, publish()).result(timeout=20)
+
+
+def _pin_gang(nats_url: str) -> None:
+    """Write the record of a gang waiting whole, as the admission of its first member does."""
+
+    async def put() -> None:
+        bus = await connect(BusSettings(url=nats_url, name="test-console-gang"))
+        try:
+            kv = await bus.js.key_value(streams.KV_ALLOC)
+            await kv.put(WAITING.key, gang_records.ENCODER.encode(WAITING))
+        finally:
+            await bus.nc.close()
+
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, put()).result(timeout=20)
 
 
 def _wait_answering(url: str, *, timeout_s: float) -> None:
@@ -95,6 +117,7 @@ def test_the_console_shows_the_fleet_and_a_failing_device_without_reload(tmp_pat
         url = _said(out, proc, "hcs up: console ", timeout_s=30)  # with this run's token
         assert "?token=" in url, url
         _wait_answering(url, timeout_s=30)  # the scheduler starts after the URL is printed
+        _pin_gang(nats_url)
         _screenshot(url, chromium=CHROMIUM, out=tmp_path / "console.png")
         _drive(url, chromium=CHROMIUM, fail=lambda: _fail_device(nats_url, node="gpu-a", device=2))
     finally:
@@ -131,6 +154,7 @@ def _drive(url: str, *, chromium: str, fail: Callable[[], None]) -> None:
             page.goto(url, wait_until="networkidle", timeout=20_000)
             page.screenshot(timeout=10_000)
             _shows_the_fleet(page)
+            _shows_the_queue(page)
             devices = page.locator('[data-total="devices"] .big')
             assert devices.text_content() == "20/20 healthy", devices.text_content()
             page.evaluate("window.__sameDocument = true")
@@ -172,3 +196,14 @@ def _shows_the_fleet(page: sync_api.Page) -> None:
     assert cells.count() == 8
     # drawn before the fault: the device that will fail is healthy now
     assert page.get_attribute('[data-device="gpu-a/2"]', "data-health") == "healthy"
+
+
+def _shows_the_queue(page: sync_api.Page) -> None:
+    row = page.locator('#queue tr[data-job="ml/waits/r1"]')
+    row.wait_for(timeout=15_000)  # the panel reads /api/queue every few seconds
+    cells = row.locator("td").all_text_contents()
+    assert cells[:4] == ["1", "ml/waits/r1", "ml", "0"], cells
+    assert re.fullmatch(r"\d{1,3}(,\d{3})* s", cells[4]), cells
+    assert cells[5].startswith("gang waits whole, holding nothing"), cells
+    share = page.locator('#pool-shares tr[data-namespace="ml"] td').all_text_contents()
+    assert share[0] == "ml" and share[3] == "0 ACU · 0 GiB", share  # used: nothing held

@@ -88,6 +88,10 @@ def test_an_elastic_job_starts_small_grows_into_idle_devices_and_shrinks_for_a_g
     assert {p["spec"]["nodeName"] for p in first} <= set(NG_B)
     gated = [p for p in _live(borrower, "el") if p["spec"].get("schedulingGates")]
     assert len(gated) == MOST - LEAST  # the rest wait behind the gate, holding nothing
+    for pod in first + gated:  # every rank learns the world size torchrun meets at
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["PET_NNODES"] == f"{LEAST}:{MOST}", env
+        assert (env["HCS_JOB_MIN_SIZE"], env["HCS_JOB_MAX_SIZE"]) == (str(LEAST), str(MOST))
 
     for name in ("hold-b1", "hold-b2"):
         borrower.api.delete(f"{borrower.pods_path}/{name}")

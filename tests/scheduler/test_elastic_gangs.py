@@ -12,7 +12,9 @@ from typing import Any
 
 from hcs_bus import vocabulary
 from hcs_bus.bus import Bus
+from hcs_bus.messages import Plan, QuotaVerdict
 from scheduler.plan import gang_records as records
+from scheduler.plan.gang_service import _queued_at_ceiling
 from tests.scheduler.test_gang_rules import occupy
 from tests.scheduler.test_pool_gangs import POOL, World, _pod, _quotas, _world
 
@@ -172,3 +174,22 @@ def _again(world: World, index: int) -> None:
 async def _until(done: Any) -> None:
     while not done():
         await asyncio.sleep(0.01)
+
+
+def test_a_member_refused_only_by_a_full_ceiling_is_admitted_unless_its_gang_never_fits() -> None:
+    full = QuotaVerdict(ok=False, reason="quota of namespace ml exceeded", vram_mib_hard=4 * 81920)
+    refused = Plan(
+        ok=False,
+        reason="quota of namespace ml exceeded",
+        vendor="nvidia",
+        model="A100-80G",
+        devices=1,
+        vram_mib_per_device=81920,
+        quota=full,
+    )
+    queued = _queued_at_ceiling(refused, size=4)  # 4 ranks fit under the ceiling once free
+    assert queued.ok and "waits at its namespace's ceiling" in queued.reason
+    never = _queued_at_ceiling(refused, size=5)  # 5 ranks never fit under it
+    assert not never.ok and "above the ceiling" in never.reason
+    no_room = Plan(ok=False, reason="no device free", vendor="nvidia", devices=1)
+    assert _queued_at_ceiling(no_room, size=2) == no_room  # other refusals stand

@@ -1,10 +1,12 @@
 // HCS console: draws /api/overview as it arrives on /api/events (Server-Sent
-// Events) and the plots from /api/history. Read-only; text from the bus is
-// only ever set as textContent, never parsed as HTML.
+// Events), the plots from /api/history and the queue from /api/queue.
+// Read-only; text from the bus is only ever set as textContent, never parsed
+// as HTML.
 "use strict";
 (() => {
   const API = "../api/";
   const HISTORY_EVERY_MS = 5000;
+  const QUEUE_EVERY_MS = 3000;
   const PALETTE = ["#5b8def", "#e8833a", "#2e9e5b", "#b65fc7", "#d64545", "#2bb0b8", "#8a6d3b", "#6b7280"];
   const HEALTH_COLORS = { healthy: "#2e9e5b", degraded: "#d99a1e", failed: "#d64545", stale: "#8a8f98" };
   let selected = null;
@@ -171,6 +173,36 @@
     fill($("alerts").tBodies[0], rows, "no alerts");
   }
 
+  // -- queue (GET /api/queue: what `hcs queue --json` prints) ---------------
+  // An amount is {acu, vram_mib}; null (or a null figure) is no limit.
+  const amount = (a) => (a === null ? "no limit" :
+    `${a.acu === null ? "∞" : acu(a.acu)} ACU · ${a.vram_mib === null ? "∞" : gib(a.vram_mib)} GiB`);
+
+  function renderQueue(q) {
+    const shares = q.namespaces.map((n) => el("tr", { "data-namespace": n.namespace },
+      el("td", { text: n.namespace }), el("td", { className: "num", text: num(n.weight) }),
+      el("td", { text: amount(n.guaranteed) }), el("td", { text: amount(n.used) }),
+      el("td", { text: amount(n.borrowed) }), el("td", { text: amount(n.ceiling) }),
+      el("td", { className: "num", text: n.dominant_share.toFixed(3) })));
+    fill($("pool-shares").tBodies[0], shares, "no namespace in the ledger");
+    const rows = q.queue.map((e) => el("tr", { "data-job": e.job, "data-position": e.position },
+      el("td", { className: "num", text: e.position }), el("td", { text: e.job }),
+      el("td", { text: e.namespace }), el("td", { className: "num", text: e.priority }),
+      el("td", { className: "num", text: `${WHOLE.format(Math.round(e.waited_s))} s` }),
+      el("td", { text: e.reason })));
+    fill($("queue").tBodies[0], rows, "nothing waits");
+    $("queue-count").textContent = `(${q.queue.length} waiting · ${q.running.length} running · pool ${acu(q.pool.acu)} ACU, ${gib(q.pool.vram_mib)} GiB)`;
+  }
+
+  async function refreshQueue() {
+    try {
+      const answer = await fetch(API + "queue");
+      if (answer.ok) renderQueue(await answer.json());
+    } catch (err) {
+      console.warn("queue", err);
+    }
+  }
+
   function render(ov) {
     lastOverview = ov;
     renderTotals(ov.totals, ov);
@@ -261,5 +293,7 @@
   window.addEventListener("pageshow", (event) => { if (event.persisted) start(); });
   refreshHistory();
   setInterval(refreshHistory, HISTORY_EVERY_MS);
+  refreshQueue();
+  setInterval(refreshQueue, QUEUE_EVERY_MS);
   window.hcsConsole = { get overview() { return lastOverview; } };
 })();
