@@ -11,33 +11,19 @@ from typing import Any
 from tests.e2e.api import wait_for
 from tests.e2e.conftest import FLEET
 from tests.e2e.stack import Stack
+from tests.e2e.test_gangs import _job as gang_job
 from tests.e2e.test_pool import _events, _quota, borrower  # noqa: F401 (a fixture)
-from tests.e2e.workloads import Workloads, fleet_labelled, pod_spec
+from tests.e2e.workloads import Workloads, fleet_labelled
 
 A100 = {"hcs.io/models": "A100-80G"}
-ONE_DEVICE = {"ai.compute/devices": "1"}
 LEAST, MOST = 4, 16
 NG_B = ("gpu-a100-1", "gpu-a100-2")  # the 16 A100s of network group ng-b
 
 
 def _job(work: Workloads, name: str, *, ranks: int, least: int | None = None) -> None:
     notes = dict(A100) | ({"hcs.io/job-min": str(least)} if least else {})
-    body = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {
-            "completions": ranks,
-            "parallelism": ranks,
-            "completionMode": "Indexed",
-            "backoffLimit": 100,  # a rank taken back is made again, it is no failure
-            "template": {
-                "metadata": {"annotations": notes},
-                "spec": pod_spec(ONE_DEVICE, restartPolicy="Never"),
-            },
-        },
-    }
-    work.api.create(body, namespace=work.namespace)
+    # a rank taken back is made again: no failure of the Job
+    gang_job(work, name, ranks=ranks, backoff=100, annotations=notes)
 
 
 def _live(work: Workloads, job: str) -> list[dict[str, Any]]:

@@ -23,7 +23,17 @@ ONE_DEVICE = {"ai.compute/devices": "1"}
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 
 
-def _job(work: Workloads, name: str, *, ranks: int, backoff: int = 0) -> dict[str, Any]:
+def _job(
+    work: Workloads,
+    name: str,
+    *,
+    ranks: int,
+    backoff: int = 0,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    template: dict[str, Any] = {"spec": pod_spec(ONE_DEVICE, restartPolicy="Never")}
+    if annotations:
+        template["metadata"] = {"annotations": annotations}
     body = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -34,7 +44,7 @@ def _job(work: Workloads, name: str, *, ranks: int, backoff: int = 0) -> dict[st
             "completionMode": "Indexed",
             "backoffLimit": backoff,
             # no hcs.io/job-size: the injector reads the Job's parallelism
-            "template": {"spec": pod_spec(ONE_DEVICE, restartPolicy="Never")},
+            "template": template,
         },
     }
     created: dict[str, Any] = work.api.create(body, namespace=work.namespace)
