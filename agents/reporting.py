@@ -185,6 +185,12 @@ class Reporter:
         self._last_sent_loop_s: float | None = None
         self._boot_loop_s: float | None = None  # the loop's clock at the first offer
 
+    def due(self, loop_s: float) -> bool:
+        """Whether a fingerprint offered at ``loop_s`` is published however
+        little it changed: the first, or ``report_interval_s`` after the last."""
+        last = self._last_sent_loop_s
+        return last is None or loop_s - last >= self.report_interval_s
+
     def offer(
         self,
         devices: Sequence[DeviceFingerprint],
@@ -203,10 +209,7 @@ class Reporter:
             self._boot_loop_s = loop_s
         previous = self.last.devices if self.last is not None else None
         reason = reason_to_publish(previous, devices, vram_threshold_mib=self.vram_threshold_mib)
-        due = (
-            self._last_sent_loop_s is None
-            or loop_s - self._last_sent_loop_s >= self.report_interval_s
-        )
+        due = self.due(loop_s)
         if not (force or due or reason):
             return None
         self.seq += 1

@@ -30,6 +30,12 @@ ratio and, last, ``ratio bound/s hcs/plain: X at N nodes``.
 
 ``--profile`` samples the HCS scheduler with py-spy through the first HCS
 burst and prints its busiest functions.
+
+A fleet of thousands (``--nodes 5000``) reports less often
+(``--report-interval-s 30``): the scheduler's ``stale_after_s`` follows
+(``--stale-after-s``, by default 3.5 report intervals and at least the
+product's 35 s, handed to the parts as ``HCS_SCHEDULER__STALE_AFTER_S``), so
+a node goes stale only when three reports in a row are missing.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import argparse
 import collections
 import concurrent.futures
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -73,7 +80,7 @@ from bench.fleets import of_profile
 from bench.mixes import Kind
 from hcs_bus import profiles
 from hcs_bus.profiles import ProfileDB
-from hcs_bus.settings import TelemetrySettings
+from hcs_bus.settings import SchedulerSettings, TelemetrySettings
 from hcs_bus.telemetry import configure
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.cluster import CONTROLLERS, NOT_READY_TAINT, Cluster, find_binaries
@@ -81,6 +88,7 @@ from tests.e2e.stack import Stack
 
 # the processes each burst's CPU is shown for, in this order; the others summed
 SHOWN = ("scheduler", "injector", "nats-server", "kube-scheduler", "kube-apiserver", "etcd")
+STALE_ENV = "HCS_SCHEDULER__STALE_AFTER_S"  # how the parts get the bench's staleness
 REFUSALS = "hcs_injector_refusals_total"
 
 
@@ -375,6 +383,18 @@ def print_profile(path: Path, stderr: str) -> None:
         print(f"  {inclusive:>9.1%}{own:>7.1%}  {name}")
 
 
+def stale_after_s(asked: float | None, report_interval_s: float) -> float:
+    """The scheduler's ``stale_after_s`` for a fleet reporting every
+    ``report_interval_s``: ``asked``, else what the environment already sets,
+    else 3.5 reports (at least the product's default), so a node is stale
+    only after three reports in a row are missing."""
+    if asked is not None:
+        return asked
+    if os.environ.get(STALE_ENV):
+        return float(os.environ[STALE_ENV])
+    return max(SchedulerSettings().stale_after_s, 3.5 * report_interval_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__)
     parser.add_argument("--nodes", type=int, default=50)
@@ -391,6 +411,13 @@ def main(argv: list[str] | None = None) -> int:
         "--report-interval-s", type=float, default=10.0, help="the simulated agents' period"
     )
     parser.add_argument(
+        "--stale-after-s",
+        type=float,
+        default=None,
+        help="the scheduler's stale_after_s (default: 3.5 report intervals, at least the "
+        "product's 35 s): a fleet of thousands reports less often",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="py-spy the HCS scheduler through one HCS burst"
     )
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "", help="py-spy binary")
@@ -404,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile and not args.py_spy:
         print("bench.throughput: --profile needs py-spy (pip install py-spy)", file=sys.stderr)
         return 2
+    os.environ[STALE_ENV] = str(stale_after_s(args.stale_after_s, args.report_interval_s))
     root = Path(tempfile.mkdtemp(prefix="hcs-throughput-"))
     cluster = Cluster(bins, root=root)
     stack: Stack | None = None

@@ -51,8 +51,17 @@ _BY_STATUS: dict[int, type[KubeError]] = {
 Caller = Callable[..., Awaitable[Any]]
 
 
-async def call(what: str, fn: Caller, /, *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-    """Run one generated API method; return its decoded JSON body (a dict).
+async def call(
+    what: str,
+    fn: Caller,
+    /,
+    *args: Any,
+    timeout_s: float,
+    decoder: msgspec.json.Decoder[Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Run one generated API method; return its decoded JSON body (a dict,
+    or what ``decoder`` makes of a successful one).
 
     Raises the ``hcs_bus.errors`` Kube* type for the HTTP status, chained
     from the third-party error.
@@ -69,6 +78,11 @@ async def call(what: str, fn: Caller, /, *args: Any, timeout_s: float, **kwargs:
         raise KubeInvalid(f"{what}: bad arguments: {exc}") from exc
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise KubeUnavailable(f"{what}: API server unreachable: {exc!r}") from exc
+    if decoder is not None and status < 300:
+        try:
+            return decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise KubeError(f"{what}: answer is not what was asked: {raw[:200]!r}") from exc
     body = decode(raw, what=what)
     if status >= 300:
         raise_status(what, status=status, reason=reason, body=body)

@@ -109,6 +109,9 @@ class SchedulerSettings(_Group, frozen=True, forbid_unknown_fields=True):
     extender_client_ca_file: str | None = None
     # ... whose Common Name or a DNS/URI name is one of these (empty: any it signed)
     extender_client_names: tuple[str, ...] = ()
+    # over HTTPS, HTTP/2 for a client that offers it by ALPN (kube-scheduler):
+    # its calls share one connection instead of a handshake per parallel bind
+    extender_http2: bool = True
     # the read-only console and /api/* on a port of their own, behind a bearer
     # token (console_token, or the first line of console_token_file; none: every
     # request is refused); HTTPS with console_cert_file and console_key_file

@@ -34,7 +34,7 @@ from scheduler.ledger import release_loop as watching
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
 from scheduler.plan import gang_loop as ganging
-from scheduler.plan.rules import summarise
+from scheduler.plan.rules import Parts
 from scheduler.plan.service import Planner, PlanService
 from scheduler.quota.source import QuotaSource, StatusKube, UsedWriter, used_by_namespace
 from scheduler.replan import loop as stranding
@@ -148,14 +148,17 @@ async def _servers(
 
     app = extender.app()
     extender_tls, console_tls = serving.extender_tls, serving.console_tls
-    if extender_tls is not None and extender_tls.client_ca_file is not None:
+    mutual = extender_tls is not None and extender_tls.client_ca_file is not None
+    if mutual:
         app.middlewares.append(client_certificates(allowed=cfg.extender_client_names))
     console_app = console.app(pool, token=serving.console_token, secure=console_tls is not None)
+    allowed = cfg.extender_client_names if mutual else None
     runner = await serve(
         app,
         host=cfg.extender_host,
         port=cfg.extender_port,
         ssl_context=extender_tls.context if extender_tls else None,
+        http2_answer=extender.http2(allowed=allowed) if cfg.extender_http2 else None,
     )
     try:
         console_runner = await console.serve(
@@ -228,7 +231,7 @@ async def run(
         kv=kv,
         summary=planner.summary,
         ttl_s=cfg.pledge_ttl_s,
-        pods=(lambda ns: kube.list_pods(namespace=ns, cached=True)) if kube is not None else None,
+        pods=kube.list_pod_annotations if kube is not None else None,
         orphan_after_s=cfg.pledge_unclaimed_s,
     )
     view.key_listeners.append(pledger.apply)
@@ -278,6 +281,12 @@ async def run(
         )
         view.listeners.append(gangs.wake)
         running.append(tasks.supervise(lambda: gangs.run(ready=view.ready), name="gangs"))
+        # the schedulable fleet's classes, which the quotas' guarantees are
+        # judged against every round: each node's part made again only when
+        # the view changes it (a fleet of thousands is not summed from its
+        # devices every two seconds)
+        fleet_parts = Parts()
+        view.listeners.append(fleet_parts.changed)
         used = UsedWriter(
             kube=kube,
             quotas=quotas,
@@ -285,7 +294,7 @@ async def run(
                 (r for n in view.state.nodes.values() for r in n.reservations.values()),
                 pledger.by_namespace(fresh=True),
             ),
-            classes=lambda: summarise(view.state.schedulable()).classes,
+            classes=lambda: fleet_parts.summary(view.state.nodes).classes,
         )
         running.append(tasks.start(used.run(), name="quota-used"))
         reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)

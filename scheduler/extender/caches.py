@@ -12,6 +12,7 @@ the pods filtered here for bind, bounded in pods and in bytes.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -63,6 +64,9 @@ class DemandCache:
         self.entries: dict[str, Entry] = {}
         self.ok: set[str] = set()
         self.kept_ranks: dict[str, float] = {}  # of the kept entries that fit
+        # the reasons of the kept entries that do not: preemption may help, or never
+        self.no: dict[str, str] = {}
+        self.never: dict[str, str] = {}
         self.fragments: dict[str, bytes] = {}
         self._all_fit: bytes | None = None  # plain_scores of exactly ``ok``, built once
         self.retired = False  # evicted: answers are still given, never kept
@@ -73,6 +77,8 @@ class DemandCache:
             self._all_fit = None
             self.ok.discard(name)
             self.kept_ranks.pop(name, None)
+            self.no.pop(name, None)
+            self.never.pop(name, None)
             self.fragments.pop(name, None)
             self.budget.used -= 1
 
@@ -80,6 +86,7 @@ class DemandCache:
         self.retired = True
         self.budget.used -= len(self.entries)
         self.entries, self.ok, self.kept_ranks, self.fragments = {}, set(), {}, {}
+        self.no, self.never = {}, {}
         self._all_fit = None
 
     def entry(self, name: str) -> Entry:
@@ -100,14 +107,33 @@ class DemandCache:
             if parts is not None:
                 self.ok.add(name)
                 self.kept_ranks[name] = rank
+            elif fit.unresolvable:
+                self.never[name] = fit.reason
+            else:
+                self.no[name] = fit.reason
             self.fragments[name] = _fragment(name, score)
         return found
 
     def filter(self, names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
         """The names that fit, and the reasons of those that do not (preemption
-        may help the first dict, never the second)."""
-        if self.ok.issuperset(names):  # the common answer: one pass, in C
+        may help the first dict, never the second), each in ``names`` order."""
+        ok = self.ok
+        if ok.issuperset(names):  # the common answer: one pass, in C
             return list(names), {}, {}
+        entries, wanted = self.entries, set(names)
+        for name in wanted.difference(entries):  # changed since, or never seen
+            self.entry(name)
+        if not entries.keys() >= wanted:  # an entry not kept: judged one by one
+            return self._filter_each(names)
+        # every name kept (the usual case once nodes fill): the passing ones in
+        # C, and Python only over the others, their reasons kept with them
+        rest = list(itertools.filterfalse(ok.__contains__, names))
+        no, never = self.no, self.never
+        failed = {n: no[n] for n in rest if n in no}
+        unresolvable = {n: never[n] for n in rest if n in never}
+        return list(filter(ok.__contains__, names)), failed, unresolvable
+
+    def _filter_each(self, names: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
         passed, failed, unresolvable = [], {}, {}
         for name in names:
             found = self.entry(name)

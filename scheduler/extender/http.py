@@ -8,6 +8,10 @@ Callers: HTTPS (``server_tls``) where kube-scheduler presents a client
 certificate chaining to ``scheduler.extender_client_ca_file`` and naming one
 of ``extender_client_names`` (``client_certificates``: 401 without one, 403
 for another name; the probes need none). Plain HTTP on loopback only.
+Over HTTPS a client that offers HTTP/2 by ALPN (kube-scheduler does) gets it
+(``scheduler.extender.http2``, ``scheduler.extender_http2``): every call on
+one connection, where HTTP/1.1 cost kube-scheduler's parallel binds a new
+mutual-TLS handshake each; the answers are the same either way (``http2``).
 
 Malformed arguments get HTTP 400 with the reason; a pod HCS cannot serve gets
 an answer that says why, never a 500. A pod no node could ever hold (it
@@ -37,7 +41,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from aiohttp import web
@@ -48,8 +52,8 @@ from hcs_bus.errors import ConfigError
 from hcs_bus.settings import SchedulerSettings
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text
 from scheduler.extender import caches as caching
+from scheduler.extender import http2, wire
 from scheduler.extender import rules as placing
-from scheduler.extender import wire
 from scheduler.extender.caches import NodeCache, Picks, PodMemo
 from scheduler.ledger.reservation_store import Booker, Kube
 from scheduler.plan import gang_records as gangs
@@ -125,32 +129,75 @@ class Extender:
             CALLS.add(1, {"verb": verb})
             started = time.perf_counter()
             try:
-                return await answer(request)
+                return await self._answer(
+                    verb, handler, await httpbodies.read_body(request, limit=limit)
+                )
             finally:
                 SECONDS.record(time.perf_counter() - started, {"verb": verb})
 
-        async def answer(request: web.Request) -> web.Response:
-            body = await httpbodies.read_body(request, limit=limit)
-            if isinstance(body, httpbodies.Refusal):
-                _log.warning(
-                    "extender_body_refused", verb=verb, reason=body.reason, error=body.message
-                )
-                REFUSALS.add(1, {"verb": verb, "reason": body.reason})
-                return body._replace(message=f"hcs: {verb}: {body.message}").response()
-            try:
-                answer = await handler(body)
-            except msgspec.MsgspecError as exc:
-                _log.warning("bad_extender_args", verb=verb, error=str(exc))
-                REFUSALS.add(1, {"verb": verb, "reason": "bad_arguments"})
-                return web.Response(status=400, text=f"bad {verb} arguments: {exc}")
-            except Exception as exc:  # a reason for kube-scheduler, never a bare 500
-                _log.error("extender_failed", verb=verb, error=repr(exc), exc_info=exc)
-                answer = _failed(verb, f"hcs: {verb} failed: {exc!r}")
-                if answer is None:
-                    return web.Response(status=503, text=f"hcs: {verb} failed: {exc!r}")
-            return web.Response(body=wire.ENCODER.encode(answer), content_type="application/json")
-
         return handle
+
+    def http2(
+        self, *, allowed: Collection[str] | None
+    ) -> Callable[[http2.Request], Awaitable[web.Response]]:
+        """The answer to one HTTP/2 request (``scheduler.extender.http2``):
+        what the aiohttp application answers the same request, the client
+        certificate checked as ``client_certificates`` does (``allowed``;
+        None: no check)."""
+        verbs = {
+            "/filter": ("filter", self.filter),
+            "/prioritize": ("prioritize", self.prioritize),
+            "/bind": ("bind", self.bind),
+            "/preempt": ("preempt", self.preempt),
+        }
+        probes = {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics}
+        wanted = frozenset(allowed) if allowed is not None else None
+
+        async def answer(request: http2.Request) -> web.Response:
+            if wanted is not None and request.path not in OPEN_PATHS:
+                refused = caller_refusal(request.path, request.peer_names, wanted=wanted)
+                if refused is not None:
+                    return _refused_response(request.path, request.peer_names, refused)
+            verb = verbs.get(request.path)
+            if verb is not None and request.method == "POST":
+                CALLS.add(1, {"verb": verb[0]})
+                started = time.perf_counter()
+                try:
+                    return await self._answer(verb[0], verb[1], request.body)
+                finally:
+                    SECONDS.record(time.perf_counter() - started, {"verb": verb[0]})
+            probe = probes.get(request.path)
+            if probe is not None and request.method == "GET":
+                return await probe(None)
+            if verb is not None or probe is not None:
+                return web.Response(status=405, text=f"{request.method} not allowed here")
+            return web.Response(status=404, text="404: Not Found")
+
+        return answer
+
+    async def _answer(
+        self,
+        verb: str,
+        handler: Callable[[bytes], Awaitable[Any]],
+        body: bytes | httpbodies.Refusal,
+    ) -> web.Response:
+        """One verb's answer to a body read (or refused) from either protocol."""
+        if isinstance(body, httpbodies.Refusal):
+            _log.warning("extender_body_refused", verb=verb, reason=body.reason, error=body.message)
+            REFUSALS.add(1, {"verb": verb, "reason": body.reason})
+            return body._replace(message=f"hcs: {verb}: {body.message}").response()
+        try:
+            answer = await handler(body)
+        except msgspec.MsgspecError as exc:
+            _log.warning("bad_extender_args", verb=verb, error=str(exc))
+            REFUSALS.add(1, {"verb": verb, "reason": "bad_arguments"})
+            return web.Response(status=400, text=f"bad {verb} arguments: {exc}")
+        except Exception as exc:  # a reason for kube-scheduler, never a bare 500
+            _log.error("extender_failed", verb=verb, error=repr(exc), exc_info=exc)
+            answer = _failed(verb, f"hcs: {verb} failed: {exc!r}")
+            if answer is None:
+                return web.Response(status=503, text=f"hcs: {verb} failed: {exc!r}")
+        return web.Response(body=wire.ENCODER.encode(answer), content_type="application/json")
 
     # -- pods -------------------------------------------------------------
     def _remember(self, pod: PodInfo) -> None:
@@ -506,17 +553,17 @@ class Extender:
         }
 
     # -- probes -----------------------------------------------------------
-    async def healthz(self, _request: web.Request) -> web.Response:
+    async def healthz(self, _request: web.Request | None) -> web.Response:
         return web.Response(text="ok")
 
-    async def readyz(self, _request: web.Request) -> web.Response:
+    async def readyz(self, _request: web.Request | None) -> web.Response:
         if not self.view.ready.is_set():
             return web.Response(status=503, text="cluster view still replaying")
         if refusal := self.booker.quorum_lost():
             return web.Response(status=503, text=refusal)
         return web.Response(text="ready")
 
-    async def metrics(self, _request: web.Request) -> web.Response:
+    async def metrics(self, _request: web.Request | None) -> web.Response:
         return web.Response(body=metrics_text(), content_type="text/plain")
 
 
@@ -650,40 +697,89 @@ def client_certificates(*, allowed: Collection[str]) -> Middleware:
             return await handler(request)
         transport = request.transport
         names = tls.peer_names(transport.get_extra_info("peercert") if transport else None)
-        if not names:
-            text = (
-                "hcs: the extender serves kube-scheduler only: present its client "
-                "certificate (tlsConfig certFile and keyFile of the extender entry)"
-            )
-            return _refused(request, status=401, reason="no_client_certificate", text=text)
-        if wanted and not names & wanted:
-            text = (
-                f"hcs: client certificate for {sorted(names)} is not one of "
-                f"scheduler.extender_client_names {sorted(wanted)}"
-            )
-            return _refused(request, status=403, reason="client_not_allowed", text=text)
+        refused = caller_refusal(request.path, names, wanted=wanted)
+        if refused is not None:
+            return _refused_response(request.path, names, refused, peer=request.remote)
         return await handler(request)
 
     return admit
 
 
-def _refused(request: web.Request, *, status: int, reason: str, text: str) -> web.Response:
-    verb = request.path.strip("/")
+class CallerRefusal(NamedTuple):
+    status: int
+    reason: str
+    text: str
+
+
+def caller_refusal(
+    path: str, names: Collection[str], *, wanted: frozenset[str]
+) -> CallerRefusal | None:
+    """Why a caller whose verified client certificate names ``names`` may
+    not call ``path`` (401: none, 403: none of ``wanted``), or None."""
+    if path in OPEN_PATHS:
+        return None
+    if not names:
+        text = (
+            "hcs: the extender serves kube-scheduler only: present its client "
+            "certificate (tlsConfig certFile and keyFile of the extender entry)"
+        )
+        return CallerRefusal(401, "no_client_certificate", text)
+    if wanted and not set(names) & wanted:
+        text = (
+            f"hcs: client certificate for {sorted(names)} is not one of "
+            f"scheduler.extender_client_names {sorted(wanted)}"
+        )
+        return CallerRefusal(403, "client_not_allowed", text)
+    return None
+
+
+def _refused_response(
+    path: str, names: Collection[str], refused: CallerRefusal, *, peer: str | None = None
+) -> web.Response:
+    """The refusal's answer, logged once and counted in ``hcs_extender_refusals``."""
+    verb = path.strip("/")
     verb = verb if verb in VERBS else "other"
-    _log.warning("extender_caller_refused", verb=verb, reason=reason, peer=request.remote)
-    REFUSALS.add(1, {"verb": verb, "reason": reason})
-    return web.Response(status=status, text=text)
+    _log.warning(
+        "extender_caller_refused", verb=verb, reason=refused.reason, peer=peer, names=sorted(names)
+    )
+    REFUSALS.add(1, {"verb": verb, "reason": refused.reason})
+    return web.Response(status=refused.status, text=refused.text)
 
 
 async def serve(
-    app: web.Application, *, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+    http2_answer: http2.Answer | None = None,
+    max_body_bytes: int = MAX_BODY,
 ) -> web.AppRunner:
+    """Serve ``app``; over TLS with ``http2_answer`` (``Extender.http2``) a
+    client that offers HTTP/2 (kube-scheduler) is served on it."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    site: web.TCPSite
+    if http2_answer is not None and ssl_context is not None:
+        site = http2.Http2Site(
+            runner,
+            host,
+            port,
+            ssl_context=ssl_context,
+            answer=http2_answer,
+            max_body_bytes=max_body_bytes,
+        )
+    else:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     scheme = "https" if ssl_context is not None else "http"
     if ssl_context is None:
         _log.warning("extender_plain_http", host=host, port=port, note="loopback only")
-    _log.info("extender_listening", host=host, port=port, scheme=scheme)
+    _log.info(
+        "extender_listening",
+        host=host,
+        port=port,
+        scheme=scheme,
+        http2=isinstance(site, http2.Http2Site),
+    )
     return runner

@@ -143,6 +143,8 @@ class Kube(Protocol):
         cached: bool = False,
     ) -> list[dict[str, Any]]: ...
 
+    async def list_pod_annotations(self, namespace: str) -> list[dict[str, Any]]: ...
+
 
 class Doc(msgspec.Struct, frozen=True):
     doc: NodeReservations | None

@@ -54,3 +54,28 @@ def test_a_tiny_run_binds_every_pod_of_both_kinds_and_ends_with_the_ratio() -> N
     assert int(rows["hcs-1"]["rss"]) > 0
     last = re.fullmatch(rf"ratio bound/s hcs/plain: ([\d.]+) at {NODES} nodes", lines[-1])
     assert last and float(last.group(1)) > 0, lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("asked", "env", "interval_s", "want"),
+    [
+        (None, None, 10.0, 35.0),  # the product's default where reports are frequent
+        (None, None, 60.0, 210.0),  # three reports missed in a row, not one
+        (90.0, "500", 60.0, 90.0),  # asked on the command line
+        (None, "500", 60.0, 500.0),  # set in the environment
+    ],
+)
+def test_a_node_is_stale_only_after_three_missed_reports_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+    asked: float | None,
+    env: str | None,
+    interval_s: float,
+    want: float,
+) -> None:
+    from bench.throughput import STALE_ENV, stale_after_s
+
+    if env is None:
+        monkeypatch.delenv(STALE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(STALE_ENV, env)
+    assert stale_after_s(asked, interval_s) == want

@@ -96,6 +96,16 @@ async def _pod_groups(k: Kube, s: ApiServer) -> object:
     return found
 
 
+async def _pod_annotations(k: Kube, s: ApiServer) -> object:
+    s.update_pod(NS, "q", lambda pod: pod["metadata"].update(annotations={"hcs.io/pledge": "p1"}))
+    found = await k.list_pod_annotations(NS)
+    assert found == [
+        {"metadata": {"annotations": {}}},
+        {"metadata": {"annotations": {"hcs.io/pledge": "p1"}}},
+    ]
+    return found
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -114,6 +124,7 @@ SCENARIOS: dict[str, Scenario] = {
         NS, {"metadata": {"name": "r"}, "spec": {"containers": [{"name": "m"}]}}
     ),
     "list_pods": lambda k, s: k.list_pods(namespace=NS),
+    "list_pod_annotations": _pod_annotations,
     "watch_pods": _watch,
     "patch_pod_annotations": lambda k, s: k.patch_pod_annotations(NS, "q", {"hcs.io/wake": "1"}),
     "patch_pod_condition": lambda k, s: k.patch_pod_condition(

@@ -255,6 +255,13 @@ class FakeKube:
     async def list_pods(self, **_selectors: Any) -> list[dict[str, Any]]:
         return list(self.pods.values())
 
+    async def list_pod_annotations(self, namespace: str) -> list[dict[str, Any]]:
+        return [
+            {"metadata": {"annotations": dict(p["metadata"].get("annotations") or {})}}
+            for (ns, _name), p in self.pods.items()
+            if ns == namespace
+        ]
+
 
 def a100_slice(mib: int, *, whole: bool = False) -> PlanAnnotation:
     """The plan note of one A100-80G device: a ``mib`` slice, or the whole device."""
