@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hcs_bus import kvcas, vocabulary
+from hcs_bus import kvcas, tasks, vocabulary
 from hcs_bus.errors import (
     HcsError,
     KubeConflict,
@@ -111,6 +111,7 @@ class Stranding:
     pending_pods: PendingPods | None = None  # kept by the pod watch; listed without
     scans: int = 0
     _capacity: dict[str, tuple[int, int, tuple[int, ...]]] | None = None
+    _planned: dict[str, int] | None = None  # per class, devices planned for pledged gangs
     _wakes: int = 0
 
     def __post_init__(self) -> None:
@@ -120,12 +121,14 @@ class Stranding:
     async def run(self, *, ready: asyncio.Event) -> None:
         """Forever: wait for the replay, wake everyone, then scan."""
         await ready.wait()
+        loop = asyncio.get_running_loop()
         while True:
+            began = loop.time()
             try:
                 await self.scan()
             except HcsError as exc:
                 _log.warning("stranding_scan_failed", error=str(exc))
-            await asyncio.sleep(self.scan_s)
+            await asyncio.sleep(tasks.spacing_s(loop.time() - began, every_s=self.scan_s))
 
     async def pending(self) -> list[Pending]:
         """The pending HCS pods: from the watch's store when it is synced,
@@ -151,6 +154,10 @@ class Stranding:
         capacity = replanning.capacity(summary)
         classes = replanning.freed(self._capacity, capacity)
         self._capacity = capacity
+        planned = self._gang_planned(summary.pledge_ids)
+        if classes is not None:
+            classes |= replanning.unplanned(self._planned, planned)
+        self._planned = planned
         assert self.waker is not None
         woken = 0
         queued = [p for p in pods if not p.gated]  # a gated pod is not parked: no wake
@@ -170,6 +177,13 @@ class Stranding:
                 self.gangs_since.acted(move)
                 replanned += moved
         return woken, replanned
+
+    def _gang_planned(self, reserved: frozenset[str]) -> dict[str, int]:
+        pledger = self.planner.pledger
+        if pledger is None:
+            return {}
+        known = (r for r, _ in pledger.gangs.all())
+        return replanning.planned(gang_records.outstanding_ranks(known, reserved=reserved))
 
     def _gang_moves(self, members: dict[str, list[Pending]]) -> list[replanning.GangMove]:
         """The waiting gangs to move whole (``replanning.gang_move``), each

@@ -43,7 +43,7 @@ from scheduler.ledger.pledge_rules import Held
 from scheduler.plan import gang_records as gangs
 from scheduler.plan import gang_rules as ganging
 from scheduler.plan import rules as planning
-from scheduler.plan.gang_records import GangRecord
+from scheduler.plan.gang_records import GangRecord, RankPledge
 from scheduler.plan.pods import BadPod, PlanAnnotation, pod_info_from_dict
 from scheduler.view.state import ClusterState
 
@@ -347,6 +347,25 @@ def freed(
         if old is None or free > old[0] or idle > old[1] or _grew(old[2], kth):
             out.add(key)
     return out
+
+
+def planned(ranks: Iterable[RankPledge]) -> dict[str, int]:
+    """Per class, the devices pledged gangs planned and have not booked yet:
+    room the extender keeps for them, which a pending pod of that class is
+    refused for while it is planned."""
+    out: dict[str, int] = {}
+    for r in ranks:
+        out[r.pledge.key] = out.get(r.pledge.key, 0) + r.pledge.devices
+    return out
+
+
+def unplanned(before: dict[str, int] | None, after: dict[str, int]) -> set[str]:
+    """Classes where less room is planned for pledged gangs than before (a
+    gang released, shrunk or moved; or its ranks booked): the room it kept
+    may be free to others now, though no device was freed."""
+    if before is None:
+        return set()
+    return {key for key, devices in before.items() if after.get(key, 0) < devices}
 
 
 def _grew(old: tuple[int, ...], new: tuple[int, ...]) -> bool:

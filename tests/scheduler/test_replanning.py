@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from hcs_bus.messages import NodeReservations, PlanRequest, Policy
+from scheduler.ledger.pledge_rules import Pledge
 from scheduler.plan import rules as planning
+from scheduler.plan.gang_records import RankPledge
 from scheduler.replan import rules as replanning
 from tests.scheduler.helpers import DB, node_fp, state_of
 from tests.view.factories import reservation
@@ -169,6 +171,24 @@ def test_freed_names_the_classes_that_gained_room() -> None:
     grown = replanning.freed(replanning.capacity(full), replanning.capacity(free))
     assert grown == {"nvidia/A100-80G"}
     assert replanning.freed(replanning.capacity(free), replanning.capacity(full)) == set()
+
+
+def _rank(pod: str, model: str, devices: int) -> RankPledge:
+    pledge = Pledge(
+        id=f"p-{pod}", vendor="nvidia", model=model, devices=devices, vram_mib_per_device=81920
+    )
+    return RankPledge(pod=pod, node="n1", pledge=pledge)
+
+
+def test_unplanned_names_the_classes_where_less_room_is_kept_for_pledged_gangs() -> None:
+    a, h = "nvidia/A100-80G", "nvidia/H100-SXM"
+    before = replanning.planned([_rank("a0", "A100-80G", 4), _rank("a1", "A100-80G", 4)])
+    assert before == {a: 8}
+    assert replanning.unplanned(None, before) == set()  # first look: the capacity wakes all
+    after = replanning.planned([_rank("a0", "A100-80G", 4), _rank("h0", "H100-SXM", 8)])
+    assert replanning.unplanned(before, after) == {a}  # a rank dropped; a new gang frees none
+    assert replanning.unplanned(after, {}) == {a, h}  # every gang released
+    assert replanning.unplanned(after, after) == set()
 
 
 def test_the_waker_picks_pods_of_freed_classes_at_most_once_per_interval() -> None:

@@ -12,6 +12,8 @@ from structlog.testing import capture_logs
 from hcs_bus import messages, streams, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.messages import NodeReservations, PodRef
+from scheduler.ledger.pledge_rules import Pledge
+from scheduler.plan import gang_records
 from scheduler.replan import rules as replanning
 from scheduler.replica import Scheduler
 from tests.apiserver import ApiServer
@@ -117,6 +119,42 @@ async def test_a_class_that_gains_room_wakes_its_pending_pods_again(
     assert (NS, "waiting") in apiserver.pods  # not stranded: its policy allows no other class
     await sched.booker.release(PodRef(namespace="other", name="hog", uid="uid-hog"), reason="done")
     await until(lambda: _wake(apiserver, "waiting") not in (None, first))
+
+
+async def test_a_released_gang_pledge_wakes_the_pods_of_its_class_though_no_device_was_freed(
+    bus: Bus, apiserver: ApiServer, kube: Any, start_scheduler: Start
+) -> None:
+    """A pod the extender refused because a pledged gang planned the room
+    must be tried again once that gang's record goes: kube-scheduler sees no
+    pod or node change then, only the wake."""
+    await _fill_a100(bus, apiserver)
+    _pending_pod(apiserver, "waiting", substitution="deny")
+    sched = await _start(bus, start_scheduler, kube, wake_min_interval_s=0.0)
+    await until(lambda: _wake(apiserver, "waiting") is not None)
+    assert sched.planner.pledger is not None
+    gangs = sched.planner.pledger.gangs
+    pledge = Pledge(
+        id="g-0", vendor="nvidia", model="A100-80G", devices=8, vram_mib_per_device=81920
+    )
+    record = gang_records.GangRecord(
+        namespace="other",
+        job="train",
+        run="r1",
+        size=1,
+        vendor="nvidia",
+        model="A100-80G",
+        state="pledged",
+        ranks=(gang_records.RankPledge(pod="train-0", node="a100-1", pledge=pledge),),
+    )
+    kv = await bus.js.key_value(streams.KV_ALLOC)
+    await kv.put(record.key, gang_records.ENCODER.encode(record))
+    await until(lambda: gangs.get(record.key) is not None)
+    await _scans(sched, 2)  # the planned room seen; nothing freed: no wake since
+    before = _wake(apiserver, "waiting")
+    await _scans(sched, 2)
+    assert _wake(apiserver, "waiting") == before
+    await kv.delete(record.key)
+    await until(lambda: _wake(apiserver, "waiting") != before)
 
 
 async def test_an_owned_pod_stranded_past_the_deadline_is_evicted_for_its_owner(
