@@ -89,6 +89,40 @@ class _AnnotatedList(msgspec.Struct):
 _ANNOTATED_LIST = msgspec.json.Decoder(_AnnotatedList)
 
 
+class _SummaryMeta(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    ownerReferences: list[dict[str, Any]] | None = None
+    deletionTimestamp: str | None = None
+
+
+class _SummarySpec(msgspec.Struct, omit_defaults=True):
+    nodeName: str | None = None
+    schedulerName: str | None = None
+    priority: int | None = None
+
+
+class _SummaryStatus(msgspec.Struct, omit_defaults=True):
+    phase: str | None = None
+
+
+class _PodSummary(msgspec.Struct, omit_defaults=True):
+    metadata: _SummaryMeta = msgspec.field(default_factory=_SummaryMeta)
+    spec: _SummarySpec = msgspec.field(default_factory=_SummarySpec)
+    status: _SummaryStatus = msgspec.field(default_factory=_SummaryStatus)
+
+
+class _PodSummaryList(msgspec.Struct):
+    items: list[_PodSummary] | None = None
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+
+
+_POD_SUMMARY_LIST = msgspec.json.Decoder(_PodSummaryList)
+
+
 @dataclass(frozen=True)
 class ApiCall:
     """One RBAC-relevant request: API group ("" = core), resource[/subresource], verbs."""
@@ -112,6 +146,7 @@ API_CALLS: dict[str, tuple[ApiCall, ...]] = {
     "create_pod": (ApiCall("", "pods", ("create",)),),
     "list_pods": (ApiCall("", "pods", ("list",)),),
     "list_pod_annotations": (ApiCall("", "pods", ("list",)),),
+    "list_pod_summaries": (ApiCall("", "pods", ("list",)),),
     "watch_pods": (ApiCall("", "pods", ("list", "watch")),),
     "patch_pod_annotations": (ApiCall("", "pods", ("patch",)),),
     "patch_pod": (ApiCall("", "pods", ("patch",)),),
@@ -340,30 +375,58 @@ class Kube:
         annotations decoded; for scans that read annotations alone, every few
         seconds, in a namespace of thousands of pods (a whole pod is four
         times its metadata, and decoding it builds every field)."""
-        path = f"/api/v1/namespaces/{namespace}/pods"
-        items: list[dict[str, Any]] = []
+        pages = self._pages(
+            f"list pod annotations in {namespace}",
+            f"/api/v1/namespaces/{namespace}/pods",
+            _ANNOTATED_LIST,
+            cached=True,
+            accept=METADATA_LIST,
+        )
+        return [
+            {"metadata": {"annotations": dict(i.metadata.annotations or {})}}
+            async for page in pages
+            for i in page.items or ()
+        ]
+
+    async def list_pod_summaries(self) -> list[dict[str, Any]]:
+        """Every pod of the cluster (a quorum read, page by page), each as
+        the pod's JSON less all but its name, namespace, uid, labels,
+        annotations, owner references and deletion time, its node, scheduler
+        and priority, and its phase: what the ledger's reconcile reads of
+        tens of thousands of pods, the rest never decoded (a pod's spec and
+        status are most of its bytes)."""
+        pages = self._pages("list pods", "/api/v1/pods", _POD_SUMMARY_LIST, cached=False)
+        return [msgspec.to_builtins(pod) async for page in pages for pod in page.items or ()]
+
+    async def _pages(
+        self,
+        what: str,
+        path: str,
+        decoder: msgspec.json.Decoder[Any],
+        *,
+        cached: bool,
+        accept: str = "application/json",
+    ) -> AsyncIterator[Any]:
+        """Each page of a list (``limit``/``continue``), as ``decoder`` reads it."""
         token: str | None = None
         while True:
-            query = [("resourceVersion", "0"), ("limit", "500")]
+            query = [("limit", "500")] + ([("resourceVersion", "0")] if cached else [])
             if token:
                 query.append(("continue", token))
-            page: _AnnotatedList = await self._call(
-                f"list pod annotations in {namespace}",
+            page = await self._call(
+                what,
                 self._api.call_api,
                 path,
                 "GET",
                 query_params=query,
-                header_params={"Accept": METADATA_LIST},
+                header_params={"Accept": accept},
                 auth_settings=["BearerToken"],
-                decoder=_ANNOTATED_LIST,
+                decoder=decoder,
             )
-            items += [
-                {"metadata": {"annotations": dict(i.metadata.annotations or {})}}
-                for i in page.items or ()
-            ]
+            yield page
             token = page.metadata.continue_
             if not token:
-                return items
+                return
 
     async def _list_pods(
         self,

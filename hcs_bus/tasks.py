@@ -43,6 +43,18 @@ def long_lived() -> None:
     gc.set_threshold(GC_YOUNG, 20, 10)
 
 
+LOOP_SHARE = 0.05  # of a part's event loop, the most one periodic job's rounds take
+
+
+def spacing_s(took_s: float, *, every_s: float, share: float = LOOP_SHARE) -> float:
+    """How long a periodic job waits after a round that took ``took_s``:
+    ``every_s``, or longer when the round was long, so that its rounds take
+    at most ``share`` of the loop whatever the size of the fleet (a round
+    that walks every node or pod grows with them; the requests the loop
+    serves must not wait behind it)."""
+    return max(every_s, took_s / share)
+
+
 def start(coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
     """Start ``coro`` as a named task; a crash is logged, never swallowed silently."""
     task = asyncio.get_running_loop().create_task(coro, name=name)

@@ -91,3 +91,14 @@ def test_a_part_runs_on_uvloop_and_bad_settings_are_one_line_and_status_2(
     assert loops == ["uvloop"]
     assert tasks.run_part(misconfigured, service="hcs-test") == 2
     assert capsys.readouterr().err == "hcs-test: HCS_BUS__URL: not a nats:// URL\n"
+
+
+@pytest.mark.parametrize(
+    ("took_s", "want_s"),
+    [(0.0, 2.0), (0.05, 2.0), (0.1, 2.0), (0.3, 6.0)],  # a share of 5 %: 0.3 s of work, 6 s apart
+)
+def test_a_periodic_round_that_grows_long_is_spaced_to_keep_its_share_of_the_loop(
+    took_s: float, want_s: float
+) -> None:
+    assert tasks.spacing_s(took_s, every_s=2.0) == pytest.approx(want_s)
+    assert tasks.spacing_s(took_s, every_s=2.0, share=1.0) == 2.0

@@ -33,7 +33,7 @@ import msgspec
 from nats.errors import Error as NatsError
 from nats.js.kv import KeyValue
 
-from hcs_bus import kvcas
+from hcs_bus import kvcas, tasks
 from hcs_bus.errors import BusUnavailable, HcsError
 from hcs_bus.messages import Plan, PlanRequest, PodRef
 from hcs_bus.telemetry import logger, meter
@@ -291,8 +291,8 @@ class Pledger:
         cached = self._tallies.get(ns)
         if cached is not None and cached.version == version and cached.ids is ids:
             return cached
-        mine = pledges.outstanding(self._all(ns), reserved=ids)
-        tally = _Tally(version, ids, pledges.per_class(mine), pledges.held(mine), len(mine))
+        by_class, total, count = pledges.tallied(pledges.outstanding(self._all(ns), reserved=ids))
+        tally = _Tally(version, ids, by_class, total, count)
         self._tallies[ns] = tally
         return tally
 
@@ -708,9 +708,13 @@ async def sweep_loop(pledger: Pledger, *, every_s: float = 5.0) -> None:
     """Sweep forever; a failed round is logged and tried again. (The delete
     markers swept keys leave are purged by the operator's ``hcs bus
     compact``: no part may purge a stream.)"""
+    loop = asyncio.get_running_loop()
+    took = 0.0
     while True:
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(tasks.spacing_s(took, every_s=every_s))
+        began = loop.time()
         try:
             await pledger.sweep()
         except HcsError as exc:
             _log.warning("pledge_sweep_failed", error=str(exc))
+        took = loop.time() - began

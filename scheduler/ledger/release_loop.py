@@ -225,7 +225,7 @@ async def reconcile(kube: Kube, booker: Booker) -> int:
         for node in list(booker.state.nodes.values())
         for r in node.reservations.values()
     ]
-    listed = await kube.list_pods()
+    listed = await kube.list_pod_summaries()
     changed = 0
     bound = [(n, r) for n, r in held if r.state == "bound"]
     for node, r, reason in orphans(bound, listed):

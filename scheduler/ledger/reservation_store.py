@@ -145,6 +145,8 @@ class Kube(Protocol):
 
     async def list_pod_annotations(self, namespace: str) -> list[dict[str, Any]]: ...
 
+    async def list_pod_summaries(self) -> list[dict[str, Any]]: ...
+
 
 class Doc(msgspec.Struct, frozen=True):
     doc: NodeReservations | None

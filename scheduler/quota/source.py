@@ -376,6 +376,11 @@ class UsedWriter:
         return count
 
     async def run(self, *, every_s: float = 2.0) -> None:
+        """Rounds forever, at most every ``every_s`` and less often when they
+        grow long (``tasks.spacing_s``): a round sums every reservation and
+        outstanding pledge, a third of a second at 5,000 nodes and 10,000 pods."""
+        loop = asyncio.get_running_loop()
         while True:
+            began = loop.time()
             await self.write()
-            await asyncio.sleep(every_s)
+            await asyncio.sleep(tasks.spacing_s(loop.time() - began, every_s=every_s))

@@ -106,6 +106,22 @@ async def _pod_annotations(k: Kube, s: ApiServer) -> object:
     return found
 
 
+async def _pod_summaries(k: Kube, s: ApiServer) -> object:
+    """Every pod, reduced to what the ledger's reconcile reads of it."""
+    s.update_pod(NS, "q", lambda pod: pod["metadata"].update(annotations={"hcs.io/pledge": "p1"}))
+    found = {p["metadata"]["name"]: p for p in await k.list_pod_summaries()}
+    full = {p["metadata"]["name"]: p for p in s.pods.values()}
+    assert set(found) == {"p", "q"}
+    for name, pod in found.items():
+        meta, was = pod["metadata"], full[name]["metadata"]
+        assert (meta["namespace"], meta["uid"]) == (NS, was["uid"])
+        assert meta.get("annotations") == was.get("annotations")
+        assert pod["spec"].get("nodeName") == full[name]["spec"].get("nodeName")
+        assert pod["status"].get("phase") == full[name]["status"].get("phase")
+        assert "containers" not in pod["spec"] and "managedFields" not in meta
+    return found
+
+
 SCENARIOS: dict[str, Scenario] = {
     "get_node": lambda k, s: k.get_node("n"),
     "patch_node_labels": lambda k, s: k.patch_node_labels("n", {"a": "b"}),
@@ -125,6 +141,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "list_pods": lambda k, s: k.list_pods(namespace=NS),
     "list_pod_annotations": _pod_annotations,
+    "list_pod_summaries": _pod_summaries,
     "watch_pods": _watch,
     "patch_pod_annotations": lambda k, s: k.patch_pod_annotations(NS, "q", {"hcs.io/wake": "1"}),
     "patch_pod_condition": lambda k, s: k.patch_pod_condition(

@@ -255,6 +255,9 @@ class FakeKube:
     async def list_pods(self, **_selectors: Any) -> list[dict[str, Any]]:
         return list(self.pods.values())
 
+    async def list_pod_summaries(self) -> list[dict[str, Any]]:
+        return list(self.pods.values())
+
     async def list_pod_annotations(self, namespace: str) -> list[dict[str, Any]]:
         return [
             {"metadata": {"annotations": dict(p["metadata"].get("annotations") or {})}}
