@@ -20,12 +20,25 @@ of 5 classes. Guarantees 40/30/20/10 % of the pool's ACU and VRAM, weights
 
 The two policies:
 
-* ``pool``: the shared-pool rules: queue by priority, weighted dominant
-  share and age; borrowing up to ceilings; reclaim for a gang owed its
-  guarantee, within 15 % of the pool's ACU a minute (whole gangs restart
-  from the beginning; elastic ones lose ranks, not work); fair backfill with
-  a starvation claim (``--starvation``, 300 s); elastic growth into idle
-  devices.
+* ``pool``: the shared-pool rules (``share_rules.admit``; its docstring
+  states them in full): queue by priority, then the weighted dominant share
+  the gang's namespace would have once it runs (a gang waiting longer than
+  ``--starvation``, 300 s, by the share now), then age; borrowing up to
+  ceilings; a gang that may run on several classes takes the one that
+  leaves the shares of the namespaces with work waiting most even; reclaim
+  for a gang owed its guarantee, else elastic ranks above their minimum
+  lent back, else a fair reclaim (from namespaces that stay above the
+  claimant's share once it runs), all within 15 % of the pool's ACU a
+  minute, never a namespace below its guarantee (whole gangs restart from
+  the beginning; elastic ones lose ranks, not work); backfill: a gang that
+  cannot start for want of room is passed over by gangs behind it that fit
+  until it has waited ``--starvation``; the first such gang (the head) then
+  keeps the free devices of the class it may use with the most free, up to
+  its least ranks, and gangs behind it start only outside them (lent
+  elastic ranks and fair reclaims serve it first), so no backfill delays
+  it; and no backfill may raise its namespace's share above that of a gang
+  ahead of it waiting on the same class; elastic growth into devices no
+  waiting gang could start in and the head does not keep.
 * ``fcfs``: first come first served, each namespace hard-limited to its
   guarantee (no borrowing): the oldest gang that its namespace's limit
   allows starts when a class holds it, and nothing behind it starts first.

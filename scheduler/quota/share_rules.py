@@ -9,33 +9,75 @@ and VRAM it always gets back), a *ceiling* it may borrow up to (today's
   the pool's, divided by its weight (weighted DRF).
 * **Queue order** of waiting gangs: priority (highest first), then the
   weighted dominant share of the gang's namespace (lowest first), then age
-  (oldest first), then key. Keys are unique, so the order is total.
+  (oldest first), then key. Keys are unique, so the order is total. In an
+  admission pass (``Rules.ask_order``) the share is the one the namespace
+  would have once the gang runs (``share_after``: its ask counted, the mean
+  over the classes it may use), so a large ask waits behind a small one of
+  the same share and a namespace of low weight pays more for the same ask;
+  a gang waiting longer than ``starvation_s`` counts the share now.
 * **Borrowing.** What a namespace may take now (``headroom``): the idle
   capacity less what the other namespaces' guarantees still lack (their
   unmet guarantee stays free for them), up to its own ceiling. A start
   beyond the namespace's guarantee is *borrowed*.
+* **Class choice** (``Rules.fair_class``) for a gang that may run on
+  several classes that hold it now: the class that leaves the weighted
+  dominant shares of the namespaces with work waiting most even (Jain's
+  index, to three places: a namespace behind the others takes the class
+  worth more, one ahead the class worth less); then, when the start
+  borrows, the class that adds least to its namespace's share (a ceiling
+  then holds more devices); then the class with the most room left beyond
+  what the waiting gangs bound to it ask.
 * **Reclaim.** A gang of a namespace whose use stays within its guarantee
   once the gang runs may take capacity back: victims are gangs of
   namespaces above their guarantee that hold devices of a class the gang
-  can use, newest first; a victim is never taken when its namespace would
-  fall below its own guarantee; elastic victims give up their highest ranks
-  (down to their minimum) before a whole gang goes; the ACU taken in any
-  minute stays within ``reclaim_acu_per_min``. A reclaim that cannot free
-  enough takes nothing. Nothing is evicted because a quota is bad
-  (``guarantee_conditions`` only reports it).
-* **Backfill** (as ``gang_rules.admit_order``): a gang that cannot start is
-  passed over and smaller ones behind it start where they fit, until it has
-  waited longer than ``starvation_s``; the first such gang (the *head*) then
-  claims the free devices of the class it can use with the most room (up to
-  what it asks) and the gangs behind it start only in what is left, so a
-  backfilled gang never delays it: its claimed room only grows as work ends.
-  A backfill is also *fair*: a gang may not take devices of a class that a
-  gang ahead of it waits for room on when its namespace's weighted dominant
-  share would end above that gang's namespace's (``Rules.fair_backfill``).
+  can use; elastic victims give up their ranks above their minimum first,
+  then whole gangs go (what is left of a gang that gave ranks, too); newest
+  first in each step; a victim is never taken when its namespace would
+  fall below its own guarantee; the ACU taken in any minute stays within
+  ``reclaim_acu_per_min``. A reclaim that cannot free enough takes nothing.
+  The first gang in the order owed one is served (``reclaim_for``). Nothing
+  is evicted because a quota is bad (``guarantee_conditions`` only reports
+  it).
+* **Lending back** (``Rules.lend_elastic``, in ``admit``): ranks of elastic
+  gangs above their minimum are lent capacity. When no reclaim is owed, the
+  first gang waiting for room (the head first, then queue order) that free
+  devices and such ranks on one class would let start takes them back
+  (``lend_back_for``; newest first): no work is lost, no namespace goes
+  below its guarantee, within the same budget.
+* **Fair reclaim** (``Rules.fair_reclaim``, in ``admit``): else, the first
+  gang waiting for room (the head first) may take back from gangs of other
+  namespaces of no higher priority whose weighted dominant share stays
+  above its namespace's once it runs (``fair_reclaim_for``): elastic ranks
+  above their minimum first, then whole gangs not already shrunk by it,
+  newest first in each; never below a guarantee; within the same budget.
+  A victim so queues behind the gang and cannot take the room back at
+  once. Neither lending back nor a fair reclaim serves a gang the fair
+  backfill rule would still refuse.
+* **Backfill** (as ``gang_rules.admit_order``): a gang that cannot start for
+  want of room is passed over and gangs behind it start where they fit,
+  until it has waited longer than ``starvation_s``. The first such gang in
+  the pass (the *head*) then claims the free devices, up to its least
+  ranks, of the class it may use (and that is large enough for it) with
+  the most free devices; a gang behind the head in the order may start only
+  in devices outside that claim, and no elastic gang grows into it. So a
+  backfill never delays the head: no start behind it takes from the
+  devices it may claim (the most free on any class it may use), which grow
+  as work ends; lent elastic ranks and fair reclaims serve it before any
+  other gang waiting for room. Only gangs ahead of it in the order (higher
+  priority, or a lower share) start first.
+  A backfill is also *fair* (``Rules.fair_backfill``): a gang may not take
+  devices of a class that a gang ahead of it waits for room on when its
+  namespace's weighted dominant share would end above that gang's
+  namespace's.
 * **Elastic gangs** (``min_ranks < max_ranks``) start at ``min_ranks``, grow
   one rank at a time into devices left idle once the pass has started every
-  gang it could and the head's claim is kept (lowest weighted dominant share
-  first, within headroom), and shrink highest ranks first on reclaim.
+  gang it could, the head's claim is kept and a reclaim's class is left to
+  the gang it frees room for (lowest weighted dominant share first, within
+  headroom), and shrink highest ranks first on reclaim or lending back.
+
+``admit`` is one pass of all of these (the simulation ``bench.pool`` runs
+it); the gang loop (``scheduler.quota.gang_pool``) applies the queue order
+(by the share now), borrowing and reclaim (``reclaim_for``) to gang records.
 
 Devices are counted per class (``ClassRoom``); a rank takes
 ``devices_per_rank`` devices of one class, and a gang's ranks all take one
@@ -45,8 +87,8 @@ rules decide who may take how much.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from scheduler.plan.rules import QuotaLimits
 
@@ -173,13 +215,48 @@ def shares_of(
     }
 
 
-def order_key(job: Job, *, dominant: Mapping[str, float]) -> tuple[int, float, float, str]:
-    return (-job.priority, round(dominant.get(job.namespace, 0.0), 9), job.since_s, job.key)
+def order_key(
+    job: Job, *, dominant: Mapping[str, float], after: Mapping[str, float] | None = None
+) -> tuple[int, float, float, str]:
+    """``after`` (by gang key, when given): the namespace's weighted dominant
+    share once the gang runs, used in place of its share now."""
+    share = after.get(job.key) if after is not None else None
+    if share is None:
+        share = dominant.get(job.namespace, 0.0)
+    return (-job.priority, round(share, 9), job.since_s, job.key)
 
 
-def queue_order(waiting: Iterable[Job], *, dominant: Mapping[str, float]) -> list[Job]:
-    """Priority, then weighted dominant share, then age, then key."""
-    return sorted(waiting, key=lambda j: order_key(j, dominant=dominant))
+def queue_order(
+    waiting: Iterable[Job],
+    *,
+    dominant: Mapping[str, float],
+    after: Mapping[str, float] | None = None,
+) -> list[Job]:
+    """Priority, then weighted dominant share (with ``after``: the share once
+    the gang runs, ``share_after``), then age, then key."""
+    return sorted(waiting, key=lambda j: order_key(j, dominant=dominant, after=after))
+
+
+def share_after(
+    job: Job,
+    *,
+    used: Mapping[str, Amount],
+    shares: Mapping[str, Share],
+    pool: Amount,
+    classes: Mapping[str, ClassRoom],
+) -> float:
+    """The weighted dominant share of ``job``'s namespace once it runs at its
+    least ranks: the mean over the classes it may use (the class it gets is
+    chosen at its start), so a large ask waits behind a small one of the same
+    share and a namespace of low weight pays more for the same ask."""
+    able = [c for k, c in sorted(classes.items()) if job.may_use(k)]
+    if not able:
+        return dominant_share(used.get(job.namespace, NONE), pool=pool, weight=1.0)
+    mine = used.get(job.namespace, NONE)
+    weight = _share(shares, job.namespace).weight
+    need = job.least * job.devices_per_rank
+    each = [dominant_share(mine + c.amount(need), pool=pool, weight=weight) for c in able]
+    return sum(each) / len(each)
 
 
 def jain(values: Sequence[float]) -> float:
@@ -270,7 +347,14 @@ def entitled(
 
 
 def _fmt(a: Amount) -> str:
-    return f"{a.acu:g} ACU/{a.vram_mib // 1024} GiB"
+    """ACU and VRAM as "100 ACU/80 GiB"; a resource left unbounded (a
+    ceiling given in the other only) is not printed."""
+    parts = []
+    if a.acu < _UNBOUNDED_ACU:
+        parts.append(f"{a.acu:g} ACU")
+    if a.vram_mib < _UNBOUNDED_MIB:
+        parts.append(f"{a.vram_mib // 1024} GiB")
+    return "/".join(parts) or "unbounded"
 
 
 # ------------------------------------------------------------------ admit --
@@ -332,6 +416,10 @@ class Rules:
     starvation_s: float = 300.0
     reclaim_acu_per_min: float = float("inf")
     fair_backfill: bool = True
+    fair_class: bool = True  # a gang that may run on several classes: see ``_choose_class``
+    ask_order: bool = True  # the pass orders by the share once the gang runs (``share_after``)
+    fair_reclaim: bool = True  # reclaim toward fair shares: see ``fair_reclaim_for``
+    lend_elastic: bool = True  # elastic ranks above their minimum are lent: see ``lend_back_for``
 
 
 def free_devices(classes: Mapping[str, ClassRoom], running: Iterable[Job]) -> dict[str, int]:
@@ -350,6 +438,39 @@ def _best_class(
     return min(able, key=lambda k: (free[k], k), default="")
 
 
+@dataclass(slots=True)
+class _Pass:
+    """What one pass knows, updated as it starts gangs."""
+
+    classes: Mapping[str, ClassRoom]
+    shares: Mapping[str, Share]
+    pool: Amount
+    used: dict[str, Amount]
+    free: dict[str, int]
+    hungry: frozenset[str]  # namespaces with a gang that fits now (borrowing)
+    asking: frozenset[str]  # namespaces with work waiting
+    pinned: dict[str, float]  # devices of each class asked by gangs bound to some classes
+
+    def share(self, namespace: str, extra: Amount = NONE) -> float:
+        held = self.used.get(namespace, NONE) + extra
+        return dominant_share(held, pool=self.pool, weight=_share(self.shares, namespace).weight)
+
+    def took(self, job: Job, cls: str, devices: int) -> None:
+        self.free[cls] -= devices
+        amount = self.classes[cls].amount(devices)
+        self.used[job.namespace] = self.used.get(job.namespace, NONE) + amount
+        for k, asked in _pinning(job):
+            self.pinned[k] = self.pinned.get(k, 0.0) - asked
+
+
+def _pinning(job: Job) -> list[tuple[str, float]]:
+    """What a gang bound to some classes asks of each (spread evenly)."""
+    if not job.classes:
+        return []
+    each = job.least * job.devices_per_rank / len(job.classes)
+    return [(k, each) for k in job.classes]
+
+
 def admit(
     waiting: Iterable[Job],
     *,
@@ -362,63 +483,169 @@ def admit(
 ) -> Admission:
     """One pass over the queue: who starts (and on which class), who waits
     (position and reason), which elastic gangs grow, and at most one
-    reclaim (for the first gang in the order that is owed its guarantee)."""
-    pool = pool_total(classes.values())
-    used = usage(running, classes)
-    order = queue_order(waiting, dominant=shares_of(used, shares, pool=pool))
-    free = free_devices(classes, running)
-    hungry = frozenset(j.namespace for j in order if _best_class(j, j.least, free, classes))
-    claimed: dict[str, int] = {}
-    starts: list[Start] = []
-    waits: list[tuple[Job, str]] = []
-    blocked: list[Job] = []  # waiting for room
-    head = ""
-    for job in _taken_in_order(order, used=used, shares=shares, pool=pool):
-        room = {k: free[k] - claimed.get(k, 0) for k in free}
-        why, start = _try(
-            job, room=room, classes=classes, used=used, shares=shares, pool=pool, hungry=hungry
-        )
-        if start is not None and rules.fair_backfill:
-            passed = _passes(
-                job, start, blocked, used=used, shares=shares, pool=pool, classes=classes
-            )
-            if passed:
-                why, start = passed, None
-        if start is not None:
-            starts.append(start)
-            free[start.cls] -= start.ranks * job.devices_per_rank
-            amount = classes[start.cls].amount(start.ranks * job.devices_per_rank)
-            used[job.namespace] = used.get(job.namespace, NONE) + amount
-            continue
-        if not head and now - job.since_s > rules.starvation_s and why.startswith("room"):
-            cls = _claim_class(job, free, classes)
-            if cls:
-                head = job.key
-                claimed[cls] = min(free[cls], job.least * job.devices_per_rank)
-                why += f"; waiting over {rules.starvation_s:g} s: {claimed[cls]} free {cls} kept for it"
-        if why.startswith("room"):
-            blocked.append(job)
-        waits.append((job, why))
+    reclaim (for a gang owed its guarantee; else ranks lent back; else a
+    fair reclaim)."""
+    jobs = list(waiting)
+    p = _begin(jobs, running=running, classes=classes, shares=shares)
+    fresh = frozenset(
+        j.key for j in jobs if rules.ask_order and now - j.since_s <= rules.starvation_s
+    )  # ordered by the share once they run; the starving by the share now
+    after = {
+        j.key: share_after(j, used=p.used, shares=shares, pool=p.pool, classes=classes)
+        for j in jobs
+        if j.key in fresh
+    }
+    order = queue_order(jobs, dominant=shares_of(p.used, shares, pool=p.pool), after=after)
+    done = _pass(order, p, fresh=fresh, now=now, rules=rules)
+    budget = rules.reclaim_acu_per_min - reclaimed_last_min_acu
     reclaim = _first_reclaim(
-        [j for j, _ in waits],
+        [j for j, _ in done.waits],
         running=running,
         classes=classes,
         shares=shares,
-        used=used,
-        free=free,
-        budget_acu=rules.reclaim_acu_per_min - reclaimed_last_min_acu,
+        used=p.used,
+        free=p.free,
+        budget_acu=budget,
     )
-    idle = {k: free[k] - claimed.get(k, 0) for k in free}
-    grow = _grow(
-        running, classes=classes, shares=shares, used=used, free=idle, pool=pool, hungry=hungry
-    )
+    if reclaim is None or not reclaim.ok:
+        found = _toward_fair(done, running=running, p=p, rules=rules, budget_acu=budget)
+        if found is not None and (found.ok or reclaim is None):
+            reclaim = found
+    idle = {k: n - done.claimed.get(k, 0) for k, n in p.free.items()}
+    if reclaim is not None and reclaim.ok:
+        idle[reclaim.cls] = 0  # what it frees is for the gang it is done for
     return Admission(
         order=tuple(j.key for j in order),
-        start=tuple(starts),
-        waiting=tuple(Waiting(j.key, i + 1, why) for i, (j, why) in enumerate(waits)),
-        grow=grow,
+        start=tuple(done.starts),
+        waiting=tuple(Waiting(j.key, i + 1, why) for i, (j, why) in enumerate(done.waits)),
+        grow=_grow(
+            running,
+            classes=classes,
+            shares=shares,
+            used=p.used,
+            free=idle,
+            pool=p.pool,
+            hungry=p.hungry,
+        ),
         reclaim=reclaim,
-        head=head,
+        head=done.head,
+    )
+
+
+def _begin(
+    jobs: Sequence[Job],
+    *,
+    running: Sequence[Job],
+    classes: Mapping[str, ClassRoom],
+    shares: Mapping[str, Share],
+) -> _Pass:
+    free = free_devices(classes, running)
+    pinned: dict[str, float] = {}
+    for j in jobs:
+        for k, asked in _pinning(j):
+            pinned[k] = pinned.get(k, 0.0) + asked
+    return _Pass(
+        classes=classes,
+        shares=shares,
+        pool=pool_total(classes.values()),
+        used=usage(running, classes),
+        free=free,
+        hungry=frozenset(j.namespace for j in jobs if _best_class(j, j.least, free, classes)),
+        asking=frozenset(j.namespace for j in jobs),
+        pinned=pinned,
+    )
+
+
+@dataclass(slots=True)
+class _Done:
+    """What a pass decided: starts, waits (in pass order, with reasons),
+    the head and the devices kept for it."""
+
+    starts: list[Start] = field(default_factory=list)
+    waits: list[tuple[Job, str]] = field(default_factory=list)
+    claimed: dict[str, int] = field(default_factory=dict)
+    head: str = ""
+    blocked: list[Job] = field(default_factory=list)  # waiting for room, in pass order
+    ahead: dict[str, int] = field(default_factory=dict)  # gang -> how many were blocked before it
+
+
+def _pass(
+    order: Sequence[Job], p: _Pass, *, fresh: Collection[str], now: float, rules: Rules
+) -> _Done:
+    done = _Done()
+    blocked = done.blocked
+    for job in _taken_in_order(order, p, fresh=fresh):
+        room = {k: n - done.claimed.get(k, 0) for k, n in p.free.items()}
+        why, start = _try(job, room=room, p=p, fair_class=rules.fair_class)
+        if start is not None and rules.fair_backfill:
+            unfair = _passes(
+                job, start, blocked, used=p.used, shares=p.shares, pool=p.pool, classes=p.classes
+            )
+            if unfair:
+                why, start = unfair, None
+        if start is not None:
+            done.starts.append(start)
+            p.took(job, start.cls, start.ranks * job.devices_per_rank)
+            continue
+        if not done.head and now - job.since_s > rules.starvation_s and why.startswith("room"):
+            cls = _claim_class(job, p.free, p.classes)
+            if cls:
+                done.head = job.key
+                done.claimed[cls] = min(p.free[cls], job.least * job.devices_per_rank)
+                why += (
+                    f"; waiting over {rules.starvation_s:g} s: "
+                    f"{done.claimed[cls]} free {cls} kept for it"
+                )
+        done.ahead[job.key] = len(blocked)
+        if why.startswith("room"):
+            blocked.append(job)
+        done.waits.append((job, why))
+    return done
+
+
+def _toward_fair(
+    done: _Done,
+    *,
+    running: Sequence[Job],
+    p: _Pass,
+    rules: Rules,
+    budget_acu: float,
+) -> Reclaim | None:
+    """Elastic ranks lent back to the first gang waiting for room (the
+    head, then queue order) they let start; else a fair reclaim for the
+    first of them. Only the head counts the devices kept for it as free; a
+    gang whose start the fair backfill rule would still refuse is not served."""
+    roomless = sorted(
+        (j for j, why in done.waits if why.startswith("room")), key=lambda j: j.key != done.head
+    )
+    kw = {"running": running, "classes": p.classes, "shares": p.shares, "used": p.used}
+    kept = {k: n - done.claimed.get(k, 0) for k, n in p.free.items()}
+    tries: list[tuple[Job, Callable[..., Reclaim | None]]] = []
+    if rules.lend_elastic:
+        tries += [(job, lend_back_for) for job in roomless]
+    if rules.fair_reclaim and roomless:
+        tries.append((roomless[0], fair_reclaim_for))
+    for job, find in tries:
+        free = p.free if job.key == done.head else kept
+        found = find(job, **kw, free=free, hungry=p.hungry, budget_acu=budget_acu)
+        if found is None:
+            continue
+        if found.ok and rules.fair_backfill and _still_unfair(job, found, done=done, p=p):
+            continue
+        return found
+    return None
+
+
+def _still_unfair(job: Job, found: Reclaim, *, done: _Done, p: _Pass) -> bool:
+    """Whether the fair backfill rule would still refuse ``job`` the room
+    ``found`` frees (a gang ahead of it waits for that class)."""
+    left = dict(p.used)
+    for v in found.victims:
+        left[v.namespace] = left.get(v.namespace, NONE) - v.amount
+    start = Start(job.key, found.cls, job.least, NONE)
+    ahead = done.blocked[: done.ahead.get(job.key, 0)]
+    return bool(
+        _passes(job, start, ahead, used=left, shares=p.shares, pool=p.pool, classes=p.classes)
     )
 
 
@@ -455,55 +682,84 @@ def _passes(
     return ""
 
 
-def _taken_in_order(
-    order: Sequence[Job],
-    *,
-    used: Mapping[str, Amount],
-    shares: Mapping[str, Share],
-    pool: Amount,
-) -> Iterator[Job]:
+def _taken_in_order(order: Sequence[Job], p: _Pass, *, fresh: Collection[str]) -> Iterator[Job]:
     """The queue as a pass takes it: each next gang by ``order_key`` with the
-    dominant shares as the starts before it left them (``used`` is updated
-    by the caller between steps); the same order as ``order`` until a start
-    changes a namespace's share."""
+    shares as the starts before it left them (``p.used`` is updated by the
+    caller between steps; ``fresh``: the gangs ordered by ``share_after``);
+    the same order as ``order`` until a start changes a namespace's share.
+    A gang's key is worked out again only when its namespace's use changed."""
     left = list(order)
+    keys: dict[str, tuple[int, float, float, str]] = {}
+    seen: dict[str, Amount] = {}
     while left:
-        dominant = shares_of(used, shares, pool=pool)
-        job = min(left, key=lambda j: order_key(j, dominant=dominant))
+        for j in left:
+            held = p.used.get(j.namespace, NONE)
+            if seen.get(j.key) != held:
+                seen[j.key] = held
+                share = (
+                    share_after(j, used=p.used, shares=p.shares, pool=p.pool, classes=p.classes)
+                    if j.key in fresh
+                    else p.share(j.namespace)
+                )
+                keys[j.key] = order_key(j, dominant={j.namespace: share})
+        job = min(left, key=lambda j: keys[j.key])
         left.remove(job)
         yield job
 
 
 def _try(
-    job: Job,
-    *,
-    room: Mapping[str, int],
-    classes: Mapping[str, ClassRoom],
-    used: Mapping[str, Amount],
-    shares: Mapping[str, Share],
-    pool: Amount,
-    hungry: Collection[str],
+    job: Job, *, room: Mapping[str, int], p: _Pass, fair_class: bool
 ) -> tuple[str, Start | None]:
     """The start of ``job`` (at its least ranks) or why not."""
     ranks = job.least
-    cls = _best_class(job, ranks, room, classes)
+    need = ranks * job.devices_per_rank
+    cls = (
+        _choose_class(job, need, room, p)
+        if fair_class
+        else _best_class(job, ranks, room, p.classes)
+    )
     if not cls:
-        usable = [k for k in sorted(classes) if job.may_use(k)]
+        usable = [k for k in sorted(p.classes) if job.may_use(k)]
         most = max((room.get(k, 0) for k in usable), default=0)
         return (
-            f"room: needs {ranks * job.devices_per_rank} devices of one class "
+            f"room: needs {need} devices of one class "
             f"({', '.join(job.classes) or 'any'}); most free {most}",
             None,
         )
-    ask = classes[cls].amount(ranks * job.devices_per_rank)
-    why = entitled(job, ask, used=used, shares=shares, pool=pool, hungry=hungry)
+    ask = p.classes[cls].amount(need)
+    why = entitled(job, ask, used=p.used, shares=p.shares, pool=p.pool, hungry=p.hungry)
     if why:
         return why, None
-    mine = used.get(job.namespace, NONE)
-    lent = borrowed(mine + ask, _share(shares, job.namespace)) - borrowed(
-        mine, _share(shares, job.namespace)
-    )
+    share = _share(p.shares, job.namespace)
+    mine = p.used.get(job.namespace, NONE)
+    lent = borrowed(mine + ask, share) - borrowed(mine, share)
     return "", Start(job.key, cls, ranks, lent.floor0())
+
+
+def _choose_class(job: Job, need: int, room: Mapping[str, int], p: _Pass) -> str:
+    """Of the classes that hold ``need`` devices now ("" none), the one that
+    leaves the weighted dominant shares of the namespaces with work waiting
+    most even (Jain's index, to three places: a namespace behind the others
+    takes the class worth more, one ahead the class worth less); then, when
+    the start borrows, the one that adds least to its namespace's share;
+    then the one with the most room left beyond what gangs bound to it ask."""
+    able = [k for k in sorted(p.classes) if job.may_use(k) and room.get(k, 0) >= need]
+    if len(able) <= 1:
+        return able[0] if able else ""
+    others = sorted(p.asking - {job.namespace})
+    theirs = [p.share(ns) for ns in others]
+    guarantee = _share(p.shares, job.namespace).guaranteed
+    mine = p.used.get(job.namespace, NONE)
+    own = dict(_pinning(job))
+
+    def rank(k: str) -> tuple[float, float, float, str]:
+        ask = p.classes[k].amount(need)
+        after = p.share(job.namespace, ask)
+        lends = not (mine + ask).within(guarantee)
+        spare = room[k] - need - (p.pinned.get(k, 0.0) - own.get(k, 0.0))
+        return (round(jain([*theirs, after]), 3), -round(after, 3) if lends else 0.0, spare, k)
+
+    return max(able, key=rank)
 
 
 def _claim_class(job: Job, free: Mapping[str, int], classes: Mapping[str, ClassRoom]) -> str:
@@ -571,6 +827,8 @@ def _first_reclaim(
     free: Mapping[str, int],
     budget_acu: float,
 ) -> Reclaim | None:
+    """The reclaim (done or refused) for the first gang, in queue order,
+    owed one; None when no gang is owed one."""
     for job in waits:
         found = reclaim_for(
             job,
@@ -617,7 +875,14 @@ def reclaim_for(
     found = [r for r in tried if r.ok]
     if not found:
         return tried[0]
-    best = min(found, key=lambda r: (r.amount.acu, len(r.victims), r.cls))
+    return _within_budget(job, min(found, key=_cost), budget_acu)
+
+
+def _cost(r: Reclaim) -> tuple[float, int, str]:
+    return (r.amount.acu, len(r.victims), r.cls)
+
+
+def _within_budget(job: Job, best: Reclaim, budget_acu: float) -> Reclaim:
     if best.amount.acu > budget_acu + _EPS:
         return Reclaim(
             ok=False,
@@ -638,36 +903,16 @@ def _victims(
     shares: Mapping[str, Share],
     used: Mapping[str, Amount],
 ) -> Reclaim:
-    left = dict(used)
-    room = classes[cls]
-    taken: list[Taken] = []
-    freed = 0
-    on_class = [r for r in running if r.cls == cls and r.namespace != job.namespace]
-    newest = sorted(on_class, key=lambda r: (-r.since_s, r.key))
-    # elastic ranks above their minimum first, then whole gangs; newest first in each
-    for elastic_pass in (True, False):
-        for victim in newest:
-            if freed >= short:
-                break
-            spare = victim.ranks - victim.least
-            if elastic_pass and spare <= 0:
-                continue
-            already = sum(t.ranks for t in taken if t.key == victim.key)
-            if elastic_pass:
-                ranks = min(spare, -(-(short - freed) // victim.devices_per_rank))
-            else:
-                ranks = victim.ranks - already
-            if ranks <= 0:
-                continue
-            amount = room.amount(ranks * victim.devices_per_rank)
-            after = left.get(victim.namespace, NONE) - amount
-            if not after.covers(_share(shares, victim.namespace).guaranteed):
-                continue  # never below its own guarantee
-            left[victim.namespace] = after
-            taken.append(
-                Taken(victim.key, victim.namespace, ranks, ranks + already == victim.ranks, amount)
-            )
-            freed += ranks * victim.devices_per_rank
+    taken, freed = _take(
+        job,
+        cls,
+        short,
+        running=running,
+        classes=classes,
+        shares=shares,
+        used=used,
+        may=lambda _victim, _after: True,
+    )
     if freed < short:
         return Reclaim(
             ok=False,
@@ -681,6 +926,195 @@ def _victims(
         victims=_merged(taken),
         cls=cls,
     )
+
+
+def _take(
+    job: Job,
+    cls: str,
+    short: int,
+    *,
+    running: Sequence[Job],
+    classes: Mapping[str, ClassRoom],
+    shares: Mapping[str, Share],
+    used: Mapping[str, Amount],
+    may: Callable[[Job, Amount], bool],
+    whole: bool = True,
+    rest: bool = True,
+    own: bool = False,
+) -> tuple[list[Taken], int]:
+    """Victims on ``cls`` for ``job`` until ``short`` devices are freed:
+    elastic ranks above their minimum first, then (``whole``) whole gangs,
+    newest first in each; a gang that gave ranks in the first step goes
+    whole only with ``rest`` (what is left of it). A victim is never taken
+    when its namespace would fall below its guarantee or ``may(victim, its
+    namespace's use after)`` says no; gangs of ``job``'s own namespace only
+    when ``own``."""
+    left = dict(used)
+    room = classes[cls]
+    taken: list[Taken] = []
+    gave: dict[str, int] = {}
+    freed = 0
+    on_class = [
+        r
+        for r in running
+        if r.cls == cls and r.key != job.key and (own or r.namespace != job.namespace)
+    ]
+    newest = sorted(on_class, key=lambda r: (-r.since_s, r.key))
+    for elastic in (True, False) if whole else (True,):
+        for victim in newest:
+            if freed >= short:
+                break
+            already = gave.get(victim.key, 0)
+            if elastic:
+                spare = victim.ranks - victim.least - already
+                ranks = min(spare, -(-(short - freed) // victim.devices_per_rank))
+            else:
+                ranks = victim.ranks - already if rest or not already else 0
+            if ranks <= 0:
+                continue
+            amount = room.amount(ranks * victim.devices_per_rank)
+            after = left.get(victim.namespace, NONE) - amount
+            if not after.covers(_share(shares, victim.namespace).guaranteed):
+                continue  # never below its own guarantee
+            if not may(victim, after):
+                continue
+            left[victim.namespace] = after
+            gave[victim.key] = already + ranks
+            taken.append(
+                Taken(victim.key, victim.namespace, ranks, already + ranks == victim.ranks, amount)
+            )
+            freed += ranks * victim.devices_per_rank
+    return taken, freed
+
+
+def lend_back_for(
+    job: Job,
+    *,
+    running: Sequence[Job],
+    classes: Mapping[str, ClassRoom],
+    shares: Mapping[str, Share],
+    used: Mapping[str, Amount],
+    free: Mapping[str, int],
+    hungry: Collection[str],
+    budget_acu: float,
+) -> Reclaim | None:
+    """Elastic ranks above their minimum are capacity lent: for ``job``
+    waiting for room, the ranks of elastic gangs (of any namespace) on a
+    class it may use that, with the free devices, let it start now (no work
+    is lost; never a namespace below its guarantee). None when no class can
+    be freed so."""
+    return _toward(
+        job,
+        "lent back",
+        running=running,
+        classes=classes,
+        shares=shares,
+        used=used,
+        free=free,
+        hungry=hungry,
+        budget_acu=budget_acu,
+        fair=False,
+    )
+
+
+def fair_reclaim_for(
+    job: Job,
+    *,
+    running: Sequence[Job],
+    classes: Mapping[str, ClassRoom],
+    shares: Mapping[str, Share],
+    used: Mapping[str, Amount],
+    free: Mapping[str, int],
+    hungry: Collection[str],
+    budget_acu: float,
+) -> Reclaim | None:
+    """Reclaim toward fair shares, for ``job`` waiting for room: victims are
+    gangs of other namespaces of no higher priority whose weighted dominant
+    share stays above ``job``'s namespace's once it runs (so a victim queues
+    behind it and cannot take the room back): elastic ranks above their
+    minimum first, then whole gangs it has not shrunk, newest first in each;
+    never below a guarantee; within the budget. None when no class can be
+    freed so."""
+    return _toward(
+        job,
+        "fair reclaim",
+        running=running,
+        classes=classes,
+        shares=shares,
+        used=used,
+        free=free,
+        hungry=hungry,
+        budget_acu=budget_acu,
+        fair=True,
+    )
+
+
+def _toward(
+    job: Job,
+    what: str,
+    *,
+    running: Sequence[Job],
+    classes: Mapping[str, ClassRoom],
+    shares: Mapping[str, Share],
+    used: Mapping[str, Amount],
+    free: Mapping[str, int],
+    hungry: Collection[str],
+    budget_acu: float,
+    fair: bool,
+) -> Reclaim | None:
+    pool = pool_total(classes.values())
+    need = job.least * job.devices_per_rank
+    found: list[Reclaim] = []
+    for cls in sorted(classes):
+        short = need - free.get(cls, 0)
+        if not job.may_use(cls) or classes[cls].devices < need or short <= 0:
+            continue
+        ask = classes[cls].amount(need)
+        mine = dominant_share(
+            used.get(job.namespace, NONE) + ask,
+            pool=pool,
+            weight=_share(shares, job.namespace).weight,
+        )
+
+        def may(victim: Job, after: Amount, mine: float = mine) -> bool:
+            if not fair:
+                return True
+            weight = _share(shares, victim.namespace).weight
+            return victim.priority <= job.priority and (
+                dominant_share(after, pool=pool, weight=weight) > mine + _EPS
+            )
+
+        taken, freed = _take(
+            job,
+            cls,
+            short,
+            running=running,
+            classes=classes,
+            shares=shares,
+            used=used,
+            may=may,
+            whole=fair,
+            rest=False,  # a gang shrunk toward fair shares is not also ended
+            own=not fair,
+        )
+        if freed < short:
+            continue
+        left = dict(used)
+        for t in taken:
+            left[t.namespace] = left[t.namespace] - t.amount
+        if entitled(job, ask, used=left, shares=shares, pool=pool, hungry=hungry):
+            continue  # freed, it still could not start
+        found.append(
+            Reclaim(
+                ok=True,
+                reason=f"{what} for {job.key}: {freed} {cls} devices",
+                victims=_merged(taken),
+                cls=cls,
+            )
+        )
+    if not found:
+        return None
+    return _within_budget(job, min(found, key=_cost), budget_acu)
 
 
 def _merged(taken: Sequence[Taken]) -> tuple[Taken, ...]:
