@@ -20,25 +20,30 @@ scheduler (from the API server's watch cache) and, per gang record
   it lands once whoever sends it;
 * **the shared pool** (given the namespaces' ComputeQuotas): the ready
   gangs are taken in the pool's queue order instead (priority, the
-  namespace's weighted dominant share of ACU and VRAM, age:
+  weighted dominant share of ACU and VRAM the namespace has once the gang
+  runs, or has now for a gang waiting past ``starvation_s``, age:
   ``scheduler.quota.gang_pool``), the starvation rule unchanged; a gang
   that would take its namespace above its ceiling, or borrow capacity a
   namespace below its guarantee waits for, waits (the reason says which).
-  When a gang of a namespace below its guarantee waits for room, the
-  newest pledged gangs of namespaces above theirs are taken back (never a
-  namespace below its own guarantee; within ``reclaim_acu_per_min``): each
-  victim's record is deleted in ONE compare-and-set (of several replicas
-  only the deleter acts; its room is no longer held for it), then its
-  members are evicted (the
-  checkpoint sidecar's periodic checkpoints are what they resume from) and
-  both sides get an Event (``Reclaimed`` on the victim's members,
-  ``ReclaimedFor`` on the waiting gang's) and one alert goes on the bus
-  (``UsageAlert`` kind ``reclaim`` on ``hcs.usage.<victim's namespace>``,
-  core NATS: lost when no one listens). Members still on their nodes
-  whose gang holds no pledge are leaving: their devices count as being
-  freed, so one shortfall is reclaimed once. Members the victim's
-  controller makes again are admitted behind the gate and wait like any
-  gang;
+  When a gang waits for room, room is taken back for it
+  (``gang_pool.Pool.reclaim``): for a gang of a namespace below its
+  guarantee, the newest pledged gangs of namespaces above theirs; else
+  elastic ranks above their least size lent back; else a fair reclaim from
+  namespaces whose share stays above the waiting gang's (never a
+  namespace below its own guarantee; within ``reclaim_acu_per_min``). An
+  elastic victim giving ranks has them dropped from its record, any other
+  victim's record is deleted, in ONE compare-and-set (of several replicas
+  only the writer acts; the room is no longer held for it), then its
+  members are evicted (the checkpoint sidecar's periodic checkpoints are
+  what they resume from) and both sides get an Event (``Reclaimed`` on the
+  victim's members, ``ReclaimedFor`` on the waiting gang's; the message
+  names the kind: reclaimed for a guarantee, lent back or fair reclaim)
+  and one alert goes on the bus (``UsageAlert`` kind ``reclaim`` on
+  ``hcs.usage.<victim's namespace>``, core NATS: lost when no one
+  listens). Members still on their nodes whose gang holds no pledge are
+  leaving: their devices count as being freed, so one shortfall is
+  reclaimed once. Members the victim's controller makes again are admitted
+  behind the gate and wait like any gang;
 * pledged, and a member behind HCS's gate came after the pledge (the gang's
   members were replaced: the healer restarted it): back to pinned, its
   pledges dropped, so it is pledged again whole (``records.restarted``);
@@ -69,8 +74,8 @@ from scheduler.ledger.pledge_rules import Held
 from scheduler.plan import gang_records as records
 from scheduler.plan import gang_rules as ganging
 from scheduler.plan.gang_records import GangRecord
-from scheduler.plan.gang_service import GangPins
-from scheduler.plan.rules import QuotaLimits, summarise
+from scheduler.plan.gang_service import GangPins, Quotas
+from scheduler.plan.rules import summarise
 from scheduler.plan.service import Planner
 from scheduler.quota import gang_pool
 from scheduler.quota import share_rules as sharing
@@ -114,10 +119,6 @@ class Kube(Protocol):
     ) -> dict[str, Any]: ...
 
 
-class Quotas(Protocol):
-    async def limits(self, namespace: str) -> QuotaLimits | None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class _Ready:
     record: GangRecord
@@ -138,7 +139,7 @@ class GangLoop:
         profiles: ProfileDB,
         scheduler_name: str,
         every_s: float = 1.0,
-        starvation_s: float = 300.0,
+        starvation_s: float = gang_pool.STARVATION_S,
         grace_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         quotas: Quotas | None = None,
@@ -264,14 +265,19 @@ class GangLoop:
         jobs = {
             r.gang.name: gang_pool.waiting_job(r.record, priority=r.gang.priority) for r in ready
         }
-        rank = pool.rank(list(jobs.values())) if pool is not None else None
+        now = self.clock()
+        rank = (
+            pool.rank(list(jobs.values()), now=now, starvation_s=self.starvation_s)
+            if pool is not None
+            else None
+        )
         hungry = frozenset(r.record.namespace for r in ready)
         shut: dict[str, str] = {}  # gang -> why the pool keeps it waiting
         while True:
             admission = ganging.admit_order(
                 (r.gang for r in ready if r.gang.name not in shut),
                 state=state,
-                now=self.clock(),
+                now=now,
                 starvation_s=self.starvation_s,
                 held=held,
                 profiles=self.profiles,
@@ -293,7 +299,16 @@ class GangLoop:
         if pool is not None and rank is not None:
             room = [p.gang for p in admission.waiting if p.gang not in shut]
             short = sorted((jobs[k] for k in room), key=lambda j: rank[j.key])
-            await self._reclaim(pool, short, state=state, members=members)
+            started = [_on_class(jobs[p.gang]) for p in admission.start]
+            await self._reclaim(
+                pool,
+                short,
+                state=state,
+                members=members,
+                started=started,
+                hungry=hungry,
+                claim=admission.claim,
+            )
         return won
 
     # -- the shared pool --------------------------------------------------
@@ -317,8 +332,13 @@ class GangLoop:
         *,
         state: ClusterState,
         members: dict[str, list[dict[str, Any]]],
+        started: list[sharing.Job],
+        hungry: frozenset[str],
+        claim: ganging.Claim | None,
     ) -> None:
-        """Take back borrowed room for the first waiting gang owed it."""
+        """Take back room for a waiting gang: borrowed room for the first
+        owed its guarantee, else elastic ranks lent back, else a fair
+        reclaim (``gang_pool.Pool.reclaim``)."""
         if not waiting:
             return
         now = self.clock()
@@ -330,17 +350,21 @@ class GangLoop:
             freeing=self._leaving,
             budget_acu=min(self.reclaim_acu_per_min, self.reclaim_share_per_min * pool.total.acu)
             - sharing.spent_last_minute(self._reclaimed, now=now),
+            started=started,
+            hungry=hungry,
+            head=claim.gang if claim is not None else "",
+            kept={k: claim.devices for k in claim.classes} if claim is not None else None,
         )
         if found is None:
             return
-        job, reclaim = found
+        job, reclaim = found.job, found.reclaim
         if not reclaim.ok:
             if self._deferred != reclaim.reason:
                 self._deferred = reclaim.reason
                 _log.info("gang_reclaim_refused", gang=job.key, reason=reclaim.reason)
             return
         for victim in reclaim.victims:
-            await self._take(victim, job=job, reclaim=reclaim, members=members)
+            await self._take(victim, taking=found, members=members)
 
     def known_record(self, key: str) -> GangRecord:
         found = self.known.get(key)
@@ -368,14 +392,14 @@ class GangLoop:
         self,
         victim: sharing.Taken,
         *,
-        job: sharing.Job,
-        reclaim: sharing.Reclaim,
+        taking: gang_pool.Taking,
         members: dict[str, list[dict[str, Any]]],
     ) -> None:
         """One victim: its record deleted (an elastic gang giving up only some
         ranks: those ranks dropped from it) in one compare-and-set (the writer
         alone goes on); its members (ranks) asked to checkpoint, evicted, and
-        both sides told."""
+        both sides told (of the reclaim's kind)."""
+        job, reclaim = taking.job, taking.reclaim
         found = self.known.get(victim.key)
         if found is None:
             return
@@ -408,6 +432,7 @@ class GangLoop:
             ranks=victim.ranks,
             whole=victim.whole,
             reclaimed_for=job.key,
+            kind=taking.kind,
         )
         took = f"{victim.amount.acu:g} ACU/{victim.amount.vram_mib // 1024} GiB of {reclaim.cls}"
         gone = f"{record.namespace}/{record.job}"
@@ -415,7 +440,8 @@ class GangLoop:
         await self._tell(
             members.get(job.key, []),
             reason="ReclaimedFor",
-            message=f"hcs: {took} taken back from gang {gone} for this gang ({reclaim.reason})",
+            message=f"hcs: {took} taken back from gang {gone} for this gang, "
+            f"{taking.kind} ({reclaim.reason})",
         )
         await self._alert(
             UsageAlert(
@@ -427,16 +453,14 @@ class GangLoop:
                 held_devices=victim.ranks * gang_pool.devices_per_rank(record),
                 held_vram_mib=victim.amount.vram_mib,
                 held_acu=victim.amount.acu,
-                message=f"gang {gone} taken back ({took}) for gang {to}: {reclaim.reason}",
+                message=f"gang {gone} taken back ({took}) for gang {to}, {taking.kind}: "
+                f"{reclaim.reason}",
                 kind="reclaim",
                 gang=gone,
                 reclaimed_for=to,
             )
         )
-        message = (
-            f"hcs: gang {gone} borrowed beyond its namespace's guarantee; {took} taken back "
-            f"for gang {to} (within its guarantee): {what}"
-        )
+        message = f"hcs: gang {gone}: {took} taken back for gang {to}, {_why(taking)}: {what}"
         if self.checkpoint is None or not any(map(_checkpointed, victims)):
             await self._leave(victims, record=record, message=message, saved=None)
             return
@@ -754,6 +778,26 @@ def _over_share(
     return None
 
 
+def _on_class(job: sharing.Job) -> sharing.Job:
+    """A waiting gang as it runs once started (on its pinned class)."""
+    return dataclasses.replace(job, cls=job.classes[0] if job.classes else "")
+
+
+def _why(taking: gang_pool.Taking) -> str:
+    """Why a victim gives room, by the reclaim's kind."""
+    if taking.kind == gang_pool.LENT_BACK:
+        return "lent back (elastic ranks above its least size are lent capacity)"
+    if taking.kind == gang_pool.FAIR:
+        return (
+            "fair reclaim (its namespace's weighted dominant share stays above the "
+            "waiting gang's once that runs)"
+        )
+    return (
+        "reclaimed for a guarantee (it borrowed beyond its namespace's guarantee; the "
+        "waiting gang runs within its own)"
+    )
+
+
 def _checkpointed(pod: Mapping[str, Any]) -> bool:
     """Whether the pod runs the checkpoint sidecar (it names a checkpoint directory)."""
     notes = (pod.get("metadata") or {}).get("annotations") or {}
@@ -844,4 +888,5 @@ def pins_of(*, kv: KeyValue, planner: Planner) -> GangPins:
         known=planner.pledger.gangs,
         held=lambda: planner.held(waiting=True),
         plan=planner.plan,
+        quotas=planner.quotas,
     )

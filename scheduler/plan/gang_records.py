@@ -21,7 +21,7 @@ pledges, the extender lets each member pass only on its rank's node.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -215,13 +215,20 @@ def pin(
     *,
     held: Mapping[str, Held],
     profiles: ProfileDB,
+    prefer: Callable[[Sequence[str]], str] | None = None,
 ) -> Pin:
-    """The class the gang is pinned to: where the whole of it fits now, else
-    where it could fit once devices free up with the most room free now; a
-    refusal (``plan_gang``'s reason) when it can never fit anywhere."""
+    """The class the gang is pinned to: where the whole of it fits now (of
+    several such classes, the one ``prefer`` picks, given; else
+    ``plan_gang``'s), else where it could fit once devices free up with the
+    most room free now; a refusal (``plan_gang``'s reason) when it can never
+    fit anywhere."""
     plan = ganging.plan_gang(state, gang, held=held, profiles=profiles)
     if plan.ok:
         first = plan.ranks[0]
+        chosen = prefer(_fits_now(state, gang, held=held, profiles=profiles)) if prefer else ""
+        if chosen:
+            vendor, _, model = chosen.partition("/")
+            return Pin(vendor, model, ganging.library_of(vendor))
         return Pin(first.vendor, first.model, ganging.library_of(first.vendor))
     if not plan.waits:
         return Pin(refusal=plan.reason)
@@ -241,6 +248,22 @@ def pin(
         return Pin(refusal=plan.reason)
     vendor, _, model = best[2].partition("/")
     return Pin(vendor, model, ganging.library_of(vendor))
+
+
+def _fits_now(
+    state: ClusterState, gang: ganging.Gang, *, held: Mapping[str, Held], profiles: ProfileDB
+) -> list[str]:
+    """The classes (vendor/model) the whole gang fits on now, alone."""
+    classes = summarise(state.schedulable()).classes
+    out = []
+    for key in sorted(classes):
+        stats = classes[key]
+        if not _may_take(gang, stats, profiles):
+            continue
+        one = pinned_to(gang, vendor=stats.vendor, model=stats.model)
+        if ganging.plan_gang(state, one, held=held, profiles=profiles).ok:
+            out.append(key)
+    return out
 
 
 def _may_take(gang: ganging.Gang, stats: ClassStats, profiles: ProfileDB) -> bool:

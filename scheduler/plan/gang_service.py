@@ -1,6 +1,9 @@
 """The plan of a gang member at admission (``hcs.place`` with ``gang_key``):
 the gang's class, pinned in its record (``scheduler.plan.gang_records``) by
 the first member with a compare-and-set create, read by every later one.
+Given the namespaces' ComputeQuotas, a gang that fits whole on several
+classes now is pinned to the one its start leaves fairest
+(``scheduler.quota.gang_pool.Pool.fairest``).
 No pledge is made here: the gang loop pledges the whole gang at once.
 
 A gang that can never fit (larger than the fleet, or only across collective
@@ -11,7 +14,8 @@ first, or a size that disagrees with the record's, is refused by name.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 import msgspec
 from nats.js.kv import KeyValue
@@ -23,6 +27,9 @@ from hcs_bus.telemetry import logger, meter, zero_init
 from scheduler.ledger.pledge_rules import Held
 from scheduler.plan import gang_records as records
 from scheduler.plan.gang_records import GangRecord
+from scheduler.plan.rules import QuotaLimits, summarise
+from scheduler.quota import gang_pool
+from scheduler.quota.share_rules import Job
 from scheduler.view.state import ClusterState
 
 _log = logger("hcs.scheduler.gangs")
@@ -35,6 +42,10 @@ PINS = zero_init(
     {"outcome": "refused"},
 )
 ATTEMPTS = 20
+
+
+class Quotas(Protocol):
+    async def limits(self, namespace: str) -> QuotaLimits | None: ...
 
 
 class GangPins:
@@ -50,9 +61,10 @@ class GangPins:
         held: Callable[[], Mapping[str, Held]],
         plan: Callable[[PlanRequest], Awaitable[Plan]],
         clock: Callable[[], float] = time.time,
+        quotas: Quotas | None = None,
     ) -> None:
         self.kv, self.state, self.profiles, self.known = kv, state, profiles, known
-        self.held, self.plan, self.clock = held, plan, clock
+        self.held, self.plan, self.clock, self.quotas = held, plan, clock, quotas
 
     async def place(self, request: PlanRequest) -> Plan:
         """The member's plan on its gang's class (no pledge), or a refusal."""
@@ -72,13 +84,17 @@ class GangPins:
         gang = records.gang_of(key, size=fewest, requests=request.requests, policy=request.policy)
 
         made = False
+        held = self.known.get(key)
+        prefer = await self._fairest(key, request, fewest) if held is None else None
 
         def decide(found: GangRecord | None) -> kvcas.Change[GangRecord, GangRecord | str]:
             nonlocal made
             made = False
             if found is not None:
                 return kvcas.Keep(found)
-            pin = records.pin(self.state, gang, held=self.held(), profiles=self.profiles)
+            pin = records.pin(
+                self.state, gang, held=self.held(), profiles=self.profiles, prefer=prefer
+            )
             if pin.refusal:
                 return kvcas.Keep(pin.refusal)
             record = GangRecord(
@@ -98,7 +114,6 @@ class GangPins:
             made = True
             return kvcas.Put(record, record)
 
-        held = self.known.get(key)
         found = await kvcas.update(
             self.kv,
             key,
@@ -130,6 +145,33 @@ class GangPins:
             ok=plan.ok,
         )
         return msgspec.structs.replace(_queued_at_ceiling(plan, size=found.fewest), pledge="")
+
+    async def _fairest(
+        self, key: str, request: PlanRequest, fewest: int
+    ) -> Callable[[Sequence[str]], str] | None:
+        """With the namespaces' quotas: of the classes a new gang fits on now,
+        the one its start leaves fairest (``gang_pool.Pool.fairest``)."""
+        if self.quotas is None:
+            return None
+        known = [r for r, _ in self.known.all()]
+        names = sorted({r.namespace for r in known} | {request.namespace})
+        limits = {ns: await self.quotas.limits(ns) for ns in names}
+        classes = summarise(self.state.schedulable()).classes
+        pool = gang_pool.Pool.of(classes=classes.values(), limits=limits, pledged=known)
+        waiting = [
+            gang_pool.waiting_job(r, priority=r.priority)
+            for r in known
+            if r.state == "pinned" and r.class_key in pool.classes
+        ]
+        job = Job(
+            key=key,
+            namespace=request.namespace,
+            ranks=fewest,
+            devices_per_rank=max(1, request.requests.devices or 1),
+            priority=request.priority,
+        )
+        free = {k: c.idle_devices for k, c in classes.items()}
+        return lambda able: pool.fairest(job, able, free=free, waiting=waiting)
 
     def _seen(self, key: str, read: kvcas.Read[GangRecord]) -> None:
         if read.value is not None and read.revision is not None:

@@ -136,6 +136,7 @@ def view(
     now: float,
     gangs: Iterable[GangRecord] = (),
     classes: Mapping[str, ClassStats] | None = None,
+    starvation_s: float = gang_pool.STARVATION_S,
 ) -> dict[str, Any]:
     """The queue and the namespaces' shares (pure: what ``hcs queue`` prints)."""
     running = _running(ledger)
@@ -147,7 +148,15 @@ def view(
     names = sorted(set(used) | set(limits) | {j.namespace for j in waiting})
     shares = {ns: rules.share_of(ns, limits.get(ns), pool=pool) for ns in names}
     dominant = rules.shares_of(used, shares, pool=pool)
-    order = rules.queue_order(waiting, dominant=dominant)
+    order = gang_pool.queue_order(
+        waiting,
+        used=used,
+        shares=shares,
+        pool=pool,
+        classes=gang_pool.rooms((classes or {}).values()),
+        now=now,
+        starvation_s=starvation_s,
+    )
     hungry = frozenset(job.namespace for job, _ in waiting_gangs.values())
     reasons = {
         key: _gang_reason(

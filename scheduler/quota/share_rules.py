@@ -76,8 +76,10 @@ and VRAM it always gets back), a *ceiling* it may borrow up to (today's
   headroom), and shrink highest ranks first on reclaim or lending back.
 
 ``admit`` is one pass of all of these (the simulation ``bench.pool`` runs
-it); the gang loop (``scheduler.quota.gang_pool``) applies the queue order
-(by the share now), borrowing and reclaim (``reclaim_for``) to gang records.
+it); the gang loop (``scheduler.quota.gang_pool``) applies to gang records
+the queue order (``pass_order``), borrowing, reclaim (``reclaim_for``),
+lending back and fair reclaim, and pins a new gang to the fairest class
+(``fairest_class``) at its first member's admission.
 
 Devices are counted per class (``ClassRoom``); a rank takes
 ``devices_per_rank`` devices of one class, and a gang's ranks all take one
@@ -235,6 +237,33 @@ def queue_order(
     """Priority, then weighted dominant share (with ``after``: the share once
     the gang runs, ``share_after``), then age, then key."""
     return sorted(waiting, key=lambda j: order_key(j, dominant=dominant, after=after))
+
+
+def pass_order(
+    waiting: Iterable[Job],
+    *,
+    used: Mapping[str, Amount],
+    shares: Mapping[str, Share],
+    pool: Amount,
+    classes: Mapping[str, ClassRoom],
+    fresh: Collection[str],
+) -> list[Job]:
+    """The queue as an admission pass first takes it (``Rules.ask_order``):
+    the gangs in ``fresh`` (``fresh_keys``) by the share their namespace has
+    once they run (``share_after``), the others by the share now."""
+    jobs = list(waiting)
+    after = {
+        j.key: share_after(j, used=used, shares=shares, pool=pool, classes=classes)
+        for j in jobs
+        if j.key in fresh
+    }
+    return queue_order(jobs, dominant=shares_of(used, shares, pool=pool), after=after)
+
+
+def fresh_keys(waiting: Iterable[Job], *, now: float, starvation_s: float) -> frozenset[str]:
+    """The gangs that have waited no longer than ``starvation_s``: ordered by
+    the share once they run; a gang waiting longer counts the share now."""
+    return frozenset(j.key for j in waiting if now - j.since_s <= starvation_s)
 
 
 def share_after(
@@ -416,7 +445,7 @@ class Rules:
     starvation_s: float = 300.0
     reclaim_acu_per_min: float = float("inf")
     fair_backfill: bool = True
-    fair_class: bool = True  # a gang that may run on several classes: see ``_choose_class``
+    fair_class: bool = True  # a gang that may run on several classes: see ``fairest_class``
     ask_order: bool = True  # the pass orders by the share once the gang runs (``share_after``)
     fair_reclaim: bool = True  # reclaim toward fair shares: see ``fair_reclaim_for``
     lend_elastic: bool = True  # elastic ranks above their minimum are lent: see ``lend_back_for``
@@ -487,15 +516,12 @@ def admit(
     fair reclaim)."""
     jobs = list(waiting)
     p = _begin(jobs, running=running, classes=classes, shares=shares)
-    fresh = frozenset(
-        j.key for j in jobs if rules.ask_order and now - j.since_s <= rules.starvation_s
+    fresh = (
+        fresh_keys(jobs, now=now, starvation_s=rules.starvation_s)
+        if rules.ask_order
+        else frozenset()
     )  # ordered by the share once they run; the starving by the share now
-    after = {
-        j.key: share_after(j, used=p.used, shares=shares, pool=p.pool, classes=classes)
-        for j in jobs
-        if j.key in fresh
-    }
-    order = queue_order(jobs, dominant=shares_of(p.used, shares, pool=p.pool), after=after)
+    order = pass_order(jobs, used=p.used, shares=shares, pool=p.pool, classes=classes, fresh=fresh)
     done = _pass(order, p, fresh=fresh, now=now, rules=rules)
     budget = rules.reclaim_acu_per_min - reclaimed_last_min_acu
     reclaim = _first_reclaim(
@@ -737,26 +763,60 @@ def _try(
 
 
 def _choose_class(job: Job, need: int, room: Mapping[str, int], p: _Pass) -> str:
-    """Of the classes that hold ``need`` devices now ("" none), the one that
-    leaves the weighted dominant shares of the namespaces with work waiting
-    most even (Jain's index, to three places: a namespace behind the others
-    takes the class worth more, one ahead the class worth less); then, when
-    the start borrows, the one that adds least to its namespace's share;
-    then the one with the most room left beyond what gangs bound to it ask."""
+    """Of the classes that hold ``need`` devices now ("" none), the fairest
+    (``fairest_class``)."""
     able = [k for k in sorted(p.classes) if job.may_use(k) and room.get(k, 0) >= need]
+    return fairest_class(
+        job,
+        need,
+        able,
+        room=room,
+        used=p.used,
+        shares=p.shares,
+        pool=p.pool,
+        classes=p.classes,
+        asking=p.asking,
+        pinned=p.pinned,
+    )
+
+
+def fairest_class(
+    job: Job,
+    need: int,
+    able: Sequence[str],
+    *,
+    room: Mapping[str, int],
+    used: Mapping[str, Amount],
+    shares: Mapping[str, Share],
+    pool: Amount,
+    classes: Mapping[str, ClassRoom],
+    asking: Collection[str],
+    pinned: Mapping[str, float],
+) -> str:
+    """Of the classes ``able`` to hold ``need`` devices of ``job`` now ("" none),
+    the one that leaves the weighted dominant shares of the namespaces with
+    work waiting (``asking``) most even (Jain's index, to three places: a
+    namespace behind the others takes the class worth more, one ahead the
+    class worth less); then, when the start borrows, the one that adds least
+    to its namespace's share; then the one with the most ``room`` left
+    beyond what gangs bound to it ask (``pinned``: devices per class)."""
     if len(able) <= 1:
         return able[0] if able else ""
-    others = sorted(p.asking - {job.namespace})
-    theirs = [p.share(ns) for ns in others]
-    guarantee = _share(p.shares, job.namespace).guaranteed
-    mine = p.used.get(job.namespace, NONE)
+
+    def share(namespace: str, extra: Amount = NONE) -> float:
+        held = used.get(namespace, NONE) + extra
+        return dominant_share(held, pool=pool, weight=_share(shares, namespace).weight)
+
+    theirs = [share(ns) for ns in sorted(set(asking) - {job.namespace})]
+    guarantee = _share(shares, job.namespace).guaranteed
+    mine = used.get(job.namespace, NONE)
     own = dict(_pinning(job))
 
     def rank(k: str) -> tuple[float, float, float, str]:
-        ask = p.classes[k].amount(need)
-        after = p.share(job.namespace, ask)
+        ask = classes[k].amount(need)
+        after = share(job.namespace, ask)
         lends = not (mine + ask).within(guarantee)
-        spare = room[k] - need - (p.pinned.get(k, 0.0) - own.get(k, 0.0))
+        spare = room[k] - need - (pinned.get(k, 0.0) - own.get(k, 0.0))
         return (round(jain([*theirs, after]), 3), -round(after, 3) if lends else 0.0, spare, k)
 
     return max(able, key=rank)

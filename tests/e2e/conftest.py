@@ -89,18 +89,25 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     cluster.namespace(name)
     yield name
-    try:  # the next test starts on an empty fleet: wait until the pods are gone
+    stack = request.getfixturevalue("stack") if "stack" in request.fixturenames else None
+    clean_namespace(cluster, stack, name)
+
+
+def clean_namespace(cluster: Cluster, stack: Stack | None, name: str) -> None:
+    """Delete a test's namespace and wait until the next test starts on an
+    empty fleet: its pods gone, and HCS holding nothing for it (no
+    reservation in any replica's view, no gang record waiting or pledged)."""
+    try:
         cluster.api.delete(f"/api/v1/namespaces/{name}")
         wait_for(
             lambda: not cluster.api.items(f"/api/v1/namespaces/{name}/pods?limit=1"),
             what=f"the pods of namespace {name} deleted",
             timeout_s=60,
         )
-        if "stack" in request.fixturenames:  # and HCS has released them: the next
-            stack: Stack = request.getfixturevalue("stack")  # test's plans see the room
+        if stack is not None:
             wait_for(
-                lambda: stack.pods_held(name) == 0,
-                what=f"HCS's view releasing the pods of namespace {name}",
+                lambda: stack.pods_held(name) == 0 and stack.gangs_held(name) == 0,
+                what=f"HCS releasing the pods and gangs of namespace {name}",
                 timeout_s=30,
             )
     except Exception as exc:  # a failed clean-up must not hide the test's own result

@@ -266,6 +266,16 @@ class Stack:
             if r["namespace"] == namespace
         )
 
+    def gangs_held(self, namespace: str) -> int:
+        """Gang records of ``namespace`` a running scheduler replica still
+        knows, waiting or pledged (its console's ``/api/queue``): the room a
+        pledged gang planned is kept from other pods until its record goes."""
+        return sum(
+            sum(1 for q in doc["queue"] if q["namespace"] == namespace)
+            + sum(1 for r in doc["namespaces"] if r["namespace"] == namespace and _holds(r))
+            for _replica, doc in self._consoles("/api/queue")
+        )
+
     def views_missing(self, names: Iterable[str]) -> dict[str, list[str]]:
         """Per running scheduler replica, the nodes of ``names`` its view cannot
         plan on yet (unknown, no devices, stale, or blocked), from its console's
@@ -366,3 +376,8 @@ class Stack:
         if self.front is not None:
             self.front.stop()
         self.nats.cleanup()
+
+
+def _holds(row: dict[str, Any]) -> bool:
+    used = row.get("used") or {}
+    return bool(used.get("acu") or used.get("vram_mib"))

@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.api import wait_for
 from tests.e2e.cluster import Cluster
-from tests.e2e.conftest import FLEET
+from tests.e2e.conftest import FLEET, clean_namespace
 from tests.e2e.stack import Stack
 from tests.e2e.workloads import Workloads, fleet_labelled, pod_spec
 
@@ -80,20 +80,7 @@ def borrower(stack: Stack, cluster: Cluster) -> Iterator[Workloads]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     cluster.namespace(name)
     yield Workloads(stack, namespace=name)
-    try:
-        cluster.api.delete(f"/api/v1/namespaces/{name}")
-        wait_for(
-            lambda: not cluster.api.items(f"/api/v1/namespaces/{name}/pods?limit=1"),
-            what=f"the pods of namespace {name} deleted",
-            timeout_s=60,
-        )
-        wait_for(
-            lambda: stack.pods_held(name) == 0,
-            what=f"HCS's view releasing the pods of namespace {name}",
-            timeout_s=30,
-        )
-    except Exception as exc:  # a failed clean-up must not hide the test's own result
-        print(f"namespace {name} not cleaned up: {exc}")
+    clean_namespace(cluster, stack, name)
 
 
 def test_an_idle_namespace_gets_its_guarantee_back_from_the_newest_borrowed_gangs(

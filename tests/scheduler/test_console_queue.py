@@ -147,18 +147,20 @@ async def test_the_console_queue_shows_shares_waiting_gangs_and_running_gangs_as
     assert ml["borrowed"]["acu"] == 100.0 and ml["weight"] == 2.0 and ml["dominant_share"] > 0
     assert shares["cv"]["used"]["acu"] == 0.0 and shares["cv"]["dominant_share"] == 0.0
 
-    # cv holds no share: its entries first, oldest first; then ml's
+    # by the weighted dominant share once each runs: cv's one device (it holds
+    # none), ml's third device over its weight of 2 (1.5 devices' worth), cv's
+    # four devices (the large ask waits behind the small ones)
     assert [(q["position"], q["job"], q["namespace"]) for q in found["queue"]] == [
         (1, "cv/infer-0#p1", "cv"),
-        (2, "cv/big/r1", "cv"),
-        (3, "ml/more/r1", "ml"),
+        (2, "ml/more/r1", "ml"),
+        (3, "cv/big/r1", "cv"),
     ]
     reasons = [q["reason"] for q in found["queue"]]
     assert reasons[0].startswith("admitted")
-    assert reasons[1].startswith("gang waits whole, holding nothing")
-    assert "need 4 nvidia/A100-80G devices free at once" in reasons[1]
-    assert "namespace ml at its ceiling" in reasons[2]
-    assert 35 <= found["queue"][2]["waited_s"] < 60
+    assert reasons[2].startswith("gang waits whole, holding nothing")
+    assert "need 4 nvidia/A100-80G devices free at once" in reasons[2]
+    assert "namespace ml at its ceiling" in reasons[1]
+    assert 35 <= found["queue"][1]["waited_s"] < 60
     assert found["running"] == [
         {"job": "ml/train", "ranks": 2, "class": "nvidia/A100-80G", "acu": 200.0,
          "vram_mib": 2 * 81920, "running_s": found["running"][0]["running_s"]}

@@ -30,6 +30,7 @@ from tests.scheduler.test_gang_rules import A100, ASCEND, fleet, occupy
 from tests.scheduler.test_gangs import FakeKube
 
 ALERTS = msgspec.json.Decoder(UsageAlert, strict=True)
+ANY = Policy()
 NOTE = plannotes.encode(
     plannotes.PlanNote(
         vendor="nvidia", model="A100-80G", devices=1, vram_mib_per_device=81920, whole_device=True
@@ -118,9 +119,12 @@ class World:
             held=dict,
             plan=plan,
             clock=self.clock,
+            quotas=quotas,
         )
 
-    async def submit(self, namespace: str, job: str, *, size: int, least: int = 0) -> None:
+    async def submit(
+        self, namespace: str, job: str, *, size: int, least: int = 0, policy: Policy = ANY
+    ) -> None:
         """A gang of ``size`` members (elastic: ``least`` and up)."""
         self.clock.now += 1.0
         for i in range(size):
@@ -133,6 +137,7 @@ class World:
                     gang_key=f"{namespace}/{job}/r1",
                     gang_size=size,
                     gang_min=least,
+                    policy=policy,
                 )
             )
             assert plan.ok, plan.reason
@@ -212,8 +217,8 @@ async def test_a_gang_that_would_pass_its_namespaces_ceiling_waits_and_is_told_t
     bus: Bus, tmp_path: Path
 ) -> None:
     world = await _world(bus, _quotas(tmp_path, "namespaces: {capped: {vram: 320Gi}}\n"))
-    await world.submit("capped", "one", size=4)
-    await world.submit("capped", "two", size=2)
+    await world.submit("capped", "one", size=2)
+    await world.submit("capped", "two", size=4)  # with one's 2: 6 devices, past 4
     assert await (await world.loop()).once() == 1
     assert await world.state_of("capped", "one") == "pledged"
     assert await world.state_of("capped", "two") == "pinned"
