@@ -182,7 +182,7 @@ class Admitter:
                     pod_group=group,
                 )
             )
-        _log.info(
+        _log.debug(  # one a pod: the pod's hcs.io annotations say as much
             "admission_patched",
             uid=uid,
             vendor=note.vendor,

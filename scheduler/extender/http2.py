@@ -75,7 +75,14 @@ class Http2Connection(asyncio.Protocol):
 
     def __init__(self, answer: Answer, *, max_body_bytes: int, owner: set[Http2Connection]):
         self.answer, self.max_body_bytes, self.owner = answer, max_body_bytes, owner
-        config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        config = h2.config.H2Configuration(
+            client_side=False,
+            header_encoding="utf-8",
+            # the answers' three headers are ours, lower-case and well-formed:
+            # not checked again per answer (the requests' headers still are)
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
         self.h2 = h2.connection.H2Connection(config=config)
         self.transport: asyncio.Transport | None = None
         self.peer_names: frozenset[str] = frozenset()
@@ -189,7 +196,10 @@ class Http2Connection(asyncio.Protocol):
 
     async def _respond(self, stream_id: int, response: web.Response) -> None:
         body = response.body
-        payload = bytes(body) if isinstance(body, bytes | bytearray | memoryview) else b""
+        if isinstance(body, bytes):
+            payload = body
+        else:
+            payload = bytes(body) if isinstance(body, bytearray | memoryview) else b""
         content_type = response.content_type
         if response.charset:
             content_type += f"; charset={response.charset}"

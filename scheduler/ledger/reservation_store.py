@@ -25,9 +25,8 @@ whose pod is bound is never expired.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,13 +85,25 @@ BIND_STEP_SECONDS = _meter.create_histogram(
 )
 
 
-@contextlib.contextmanager
-def _step(name: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        BIND_STEP_SECONDS.record(time.perf_counter() - started, {"step": name})
+class _step:
+    """``with _step("claim"):`` times one step of a bind into
+    ``BIND_STEP_SECONDS``; a plain class, cheaper than a generator-based
+    context manager on every bind."""
+
+    __slots__ = ("attributes", "started")
+
+    def __init__(self, name: str) -> None:
+        self.attributes = _STEP_ATTRIBUTES.get(name) or {"step": name}
+        self.started = 0.0
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *_exc: object) -> None:
+        BIND_STEP_SECONDS.record(time.perf_counter() - self.started, self.attributes)
+
+
+_STEP_ATTRIBUTES = {name: {"step": name} for name in ("pledge", "claim", "reserve", "binding")}
 
 
 OVERCOMMITS = _meter.create_counter(
