@@ -111,7 +111,7 @@ class Stranding:
     pending_pods: PendingPods | None = None  # kept by the pod watch; listed without
     scans: int = 0
     _capacity: dict[str, tuple[int, int, tuple[int, ...]]] | None = None
-    _planned: dict[str, int] | None = None  # per class, devices planned for pledged gangs
+    _planned: dict[str, int] | None = None  # per class, devices of pledged gangs' ranks
     _wakes: int = 0
 
     def __post_init__(self) -> None:
@@ -154,7 +154,7 @@ class Stranding:
         capacity = replanning.capacity(summary)
         classes = replanning.freed(self._capacity, capacity)
         self._capacity = capacity
-        planned = self._gang_planned(summary.pledge_ids)
+        planned = self._gang_planned()
         if classes is not None:
             classes |= replanning.unplanned(self._planned, planned)
         self._planned = planned
@@ -178,12 +178,11 @@ class Stranding:
                 replanned += moved
         return woken, replanned
 
-    def _gang_planned(self, reserved: frozenset[str]) -> dict[str, int]:
+    def _gang_planned(self) -> dict[str, int]:
         pledger = self.planner.pledger
         if pledger is None:
             return {}
-        known = (r for r, _ in pledger.gangs.all())
-        return replanning.planned(gang_records.outstanding_ranks(known, reserved=reserved))
+        return replanning.planned(r for r, _ in pledger.gangs.all())
 
     def _gang_moves(self, members: dict[str, list[Pending]]) -> list[replanning.GangMove]:
         """The waiting gangs to move whole (``replanning.gang_move``), each

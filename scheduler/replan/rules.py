@@ -43,7 +43,7 @@ from scheduler.ledger.pledge_rules import Held
 from scheduler.plan import gang_records as gangs
 from scheduler.plan import gang_rules as ganging
 from scheduler.plan import rules as planning
-from scheduler.plan.gang_records import GangRecord, RankPledge
+from scheduler.plan.gang_records import GangRecord
 from scheduler.plan.pods import BadPod, PlanAnnotation, pod_info_from_dict
 from scheduler.view.state import ClusterState
 
@@ -349,20 +349,23 @@ def freed(
     return out
 
 
-def planned(ranks: Iterable[RankPledge]) -> dict[str, int]:
-    """Per class, the devices pledged gangs planned and have not booked yet:
-    room the extender keeps for them, which a pending pod of that class is
-    refused for while it is planned."""
+def planned(records: Iterable[GangRecord]) -> dict[str, int]:
+    """Per class, the devices of the ranks pledged gangs hold, booked or not:
+    the extender keeps a rank's room for it until its gang's record drops
+    the rank or goes, whether or not its pod still holds a reservation."""
     out: dict[str, int] = {}
-    for r in ranks:
-        out[r.pledge.key] = out.get(r.pledge.key, 0) + r.pledge.devices
+    for record in records:
+        if record.state != "pledged":
+            continue
+        for r in record.ranks:
+            out[r.pledge.key] = out.get(r.pledge.key, 0) + r.pledge.devices
     return out
 
 
 def unplanned(before: dict[str, int] | None, after: dict[str, int]) -> set[str]:
-    """Classes where less room is planned for pledged gangs than before (a
-    gang released, shrunk or moved; or its ranks booked): the room it kept
-    may be free to others now, though no device was freed."""
+    """Classes where pledged gangs hold fewer ranks than before (a gang
+    released, shrunk or moved): the room they kept may be free to others
+    now, though no device was freed then (its pods may have gone before)."""
     if before is None:
         return set()
     return {key for key, devices in before.items() if after.get(key, 0) < devices}

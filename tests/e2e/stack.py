@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from nats.js.errors import NoKeysError
 
 from hcs.up import KUBE_SCHEDULER, UpOptions, part_env, parts
 from hcs_bus import checkpoint, messages, streams, subjects
@@ -34,6 +35,7 @@ from hcs_bus.certs import make_dev_certs
 from hcs_bus.messages import NodeFingerprint
 from hcs_bus.natsserver import NatsServer, free_port
 from hcs_bus.settings import Settings, replace
+from scheduler.plan import gang_records
 from tests.e2e.api import wait_for
 from tests.e2e.cluster import ROOT, Cluster, ExtenderClient
 from tests.e2e.front import Front
@@ -267,14 +269,20 @@ class Stack:
         )
 
     def gangs_held(self, namespace: str) -> int:
-        """Gang records of ``namespace`` a running scheduler replica still
-        knows, waiting or pledged (its console's ``/api/queue``): the room a
-        pledged gang planned is kept from other pods until its record goes."""
-        return sum(
-            sum(1 for q in doc["queue"] if q["namespace"] == namespace)
-            + sum(1 for r in doc["namespaces"] if r["namespace"] == namespace and _holds(r))
-            for _replica, doc in self._consoles("/api/queue")
-        )
+        """Gang records of ``namespace`` in KV ``hcs_alloc``, waiting or
+        pledged: the room a pledged gang planned is kept from other pods
+        until the gang loop deletes its record (its members all gone)."""
+        prefix = gang_records.key_for(namespace, "", "").removesuffix("==") + "="
+
+        async def count(bus: Bus) -> int:
+            kv = await bus.js.key_value(streams.KV_ALLOC)
+            try:
+                keys = await kv.keys()
+            except NoKeysError:
+                return 0
+            return sum(1 for k in keys if k.startswith(prefix))
+
+        return self.on_bus(count)
 
     def views_missing(self, names: Iterable[str]) -> dict[str, list[str]]:
         """Per running scheduler replica, the nodes of ``names`` its view cannot
@@ -376,8 +384,3 @@ class Stack:
         if self.front is not None:
             self.front.stop()
         self.nats.cleanup()
-
-
-def _holds(row: dict[str, Any]) -> bool:
-    used = row.get("used") or {}
-    return bool(used.get("acu") or used.get("vram_mib"))

@@ -10,7 +10,7 @@ import pytest
 from hcs_bus.messages import NodeReservations, PlanRequest, Policy
 from scheduler.ledger.pledge_rules import Pledge
 from scheduler.plan import rules as planning
-from scheduler.plan.gang_records import RankPledge
+from scheduler.plan.gang_records import GangRecord, RankPledge
 from scheduler.replan import rules as replanning
 from tests.scheduler.helpers import DB, node_fp, state_of
 from tests.view.factories import reservation
@@ -173,22 +173,34 @@ def test_freed_names_the_classes_that_gained_room() -> None:
     assert replanning.freed(replanning.capacity(free), replanning.capacity(full)) == set()
 
 
-def _rank(pod: str, model: str, devices: int) -> RankPledge:
-    pledge = Pledge(
-        id=f"p-{pod}", vendor="nvidia", model=model, devices=devices, vram_mib_per_device=81920
+def _gang(job: str, model: str, *ranks: int, state: str = "pledged") -> GangRecord:
+    def rank(i: int, devices: int) -> RankPledge:
+        pledge = Pledge(
+            id=f"{job}-{i}", vendor="nvidia", model=model, devices=devices, vram_mib_per_device=1
+        )
+        return RankPledge(pod=f"{job}-{i}", node="n1", pledge=pledge)
+
+    return GangRecord(
+        namespace="ml",
+        job=job,
+        size=len(ranks),
+        vendor="nvidia",
+        model=model,
+        state=state,  # type: ignore[arg-type]
+        ranks=tuple(rank(i, d) for i, d in enumerate(ranks)),
     )
-    return RankPledge(pod=pod, node="n1", pledge=pledge)
 
 
-def test_unplanned_names_the_classes_where_less_room_is_kept_for_pledged_gangs() -> None:
+def test_unplanned_names_the_classes_where_pledged_gangs_hold_fewer_ranks() -> None:
     a, h = "nvidia/A100-80G", "nvidia/H100-SXM"
-    before = replanning.planned([_rank("a0", "A100-80G", 4), _rank("a1", "A100-80G", 4)])
-    assert before == {a: 8}
+    big, small = _gang("big", "A100-80G", 4, 4), _gang("small", "A100-80G", 4)
+    before = replanning.planned([big, _gang("waits", "A100-80G", 8, state="pinned")])
+    assert before == {a: 8}  # a gang not pledged yet keeps no room
     assert replanning.unplanned(None, before) == set()  # first look: the capacity wakes all
-    after = replanning.planned([_rank("a0", "A100-80G", 4), _rank("h0", "H100-SXM", 8)])
-    assert replanning.unplanned(before, after) == {a}  # a rank dropped; a new gang frees none
+    after = replanning.planned([small, _gang("new", "H100-SXM", 8)])
+    assert replanning.unplanned(before, after) == {a}  # shrunk; a new gang frees nothing
     assert replanning.unplanned(after, {}) == {a, h}  # every gang released
-    assert replanning.unplanned(after, after) == set()
+    assert replanning.unplanned(after, after) == set()  # its ranks booked or not: the same
 
 
 def test_the_waker_picks_pods_of_freed_classes_at_most_once_per_interval() -> None:
