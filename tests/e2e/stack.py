@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from nats.js.errors import NoKeysError
 
 from hcs.up import KUBE_SCHEDULER, UpOptions, part_env, parts
-from hcs_bus import checkpoint, messages, streams, subjects
+from hcs_bus import checkpoint, kvkeys, messages, streams, subjects
 from hcs_bus.bus import Bus, connect
 from hcs_bus.certs import make_dev_certs
 from hcs_bus.messages import NodeFingerprint
@@ -275,12 +274,11 @@ class Stack:
         prefix = gang_records.key_for(namespace, "", "").removesuffix("==") + "="
 
         async def count(bus: Bus) -> int:
-            kv = await bus.js.key_value(streams.KV_ALLOC)
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                return 0
-            return sum(1 for k in keys if k.startswith(prefix))
+            held = await kvkeys.stored_values(bus, streams.KV_ALLOC, wanted=wanted)
+            return len(held)
+
+        def wanted(key: str) -> bool:
+            return key.startswith(prefix)
 
         return self.on_bus(count)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hcs_bus import messages, streams, subjects
+from hcs_bus import kvkeys, messages, streams, subjects
 from hcs_bus.bus import Bus
 from hcs_bus.messages import Plan, PlanRequest, PodRef, Policy, ReleaseRequest, Requests
 from scheduler.ledger import audit_store as checking
@@ -34,9 +34,7 @@ REPLICA_B = "scheduler-b"
 
 async def _snapshot(bus: Bus) -> dict[str, Any]:
     """Every ledger key and value, and each stream's message count."""
-    kv = await bus.js.key_value(streams.KV_ALLOC)
-    keys = sorted(await kv.keys())
-    values = {k: (await kv.get(k)).value for k in keys}
+    values = dict(await kvkeys.stored_values(bus, streams.KV_ALLOC))
     counts = {}
     for name in ("HCS_HEALTH", "HCS_ALLOC", "HCS_DLQ", "KV_hcs_alloc", "KV_hcs_ckpt"):
         counts[name] = (await bus.js.stream_info(name)).state.messages
