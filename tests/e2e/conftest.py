@@ -93,25 +93,32 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     clean_namespace(cluster, stack, name)
 
 
-def clean_namespace(cluster: Cluster, stack: Stack | None, name: str) -> None:
-    """Delete a test's namespace and wait until the next test starts on an
-    empty fleet: its pods gone, and HCS holding nothing for it (no
-    reservation in any replica's view, no gang record waiting or pledged)."""
-    try:
-        cluster.api.delete(f"/api/v1/namespaces/{name}")
-        wait_for(
-            lambda: not cluster.api.items(f"/api/v1/namespaces/{name}/pods?limit=1"),
-            what=f"the pods of namespace {name} deleted",
-            timeout_s=60,
-        )
-        if stack is not None:
+def clean_namespace(cluster: Cluster, stack: Stack | None, *names: str) -> None:
+    """Delete a test's namespaces (all first, then wait) until the next test
+    starts on an empty fleet: their pods gone, and HCS holding nothing for
+    them (no reservation in any replica's view, no gang record waiting or
+    pledged). A failed clean-up is printed: it must not hide the test's own
+    result."""
+    for name in names:
+        try:
+            cluster.api.delete(f"/api/v1/namespaces/{name}")
+        except Exception as exc:
+            print(f"namespace {name} not deleted: {exc}")
+    for name in names:
+        try:
             wait_for(
-                lambda: stack.pods_held(name) == 0 and stack.gangs_held(name) == 0,
-                what=f"HCS releasing the pods and gangs of namespace {name}",
-                timeout_s=30,
+                lambda name=name: not cluster.api.items(f"/api/v1/namespaces/{name}/pods?limit=1"),
+                what=f"the pods of namespace {name} deleted",
+                timeout_s=60,
             )
-    except Exception as exc:  # a failed clean-up must not hide the test's own result
-        print(f"namespace {name} not cleaned up: {exc}")
+            if stack is not None:
+                wait_for(
+                    lambda name=name: stack.pods_held(name) == 0 and stack.gangs_held(name) == 0,
+                    what=f"HCS releasing the pods and gangs of namespace {name}",
+                    timeout_s=30,
+                )
+        except Exception as exc:
+            print(f"namespace {name} not cleaned up: {exc}")
 
 
 @pytest.fixture

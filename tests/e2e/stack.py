@@ -271,14 +271,13 @@ class Stack:
         """Gang records of ``namespace`` in KV ``hcs_alloc``, waiting or
         pledged: the room a pledged gang planned is kept from other pods
         until the gang loop deletes its record (its members all gone)."""
-        prefix = gang_records.key_for(namespace, "", "").removesuffix("==") + "="
+        prefix = f"{gang_records.KEY_PREFIX}{namespace}="
 
         async def count(bus: Bus) -> int:
-            held = await kvkeys.stored_values(bus, streams.KV_ALLOC, wanted=wanted)
+            held = await kvkeys.stored_values(
+                bus, streams.KV_ALLOC, wanted=lambda key: key.startswith(prefix)
+            )
             return len(held)
-
-        def wanted(key: str) -> bool:
-            return key.startswith(prefix)
 
         return self.on_bus(count)
 

@@ -39,7 +39,7 @@ import pytest
 from hcs_bus import vocabulary
 from tests.e2e.api import ApiError, wait_for
 from tests.e2e.cluster import Cluster
-from tests.e2e.conftest import FLEET
+from tests.e2e.conftest import FLEET, clean_namespace
 from tests.e2e.stack import Stack
 from tests.e2e.workloads import Workloads, fleet_labelled
 
@@ -64,25 +64,7 @@ def more_namespaces(stack: Stack, cluster: Cluster) -> Iterator[Callable[[], Wor
         return Workloads(stack, namespace=name)
 
     yield make
-    for name in made:
-        try:
-            cluster.api.delete(f"/api/v1/namespaces/{name}")
-        except ApiError as exc:
-            print(f"namespace {name} not deleted: {exc}")
-    for name in made:
-        try:
-            wait_for(
-                lambda name=name: not cluster.api.items(f"/api/v1/namespaces/{name}/pods?limit=1"),
-                what=f"the pods of namespace {name} deleted",
-                timeout_s=60,
-            )
-            wait_for(
-                lambda name=name: stack.pods_held(name) == 0 and stack.gangs_held(name) == 0,
-                what=f"HCS releasing the pods and gangs of namespace {name}",
-                timeout_s=30,
-            )
-        except Exception as exc:  # a failed clean-up must not hide the test's own result
-            print(f"namespace {name} not cleaned up: {exc}")
+    clean_namespace(cluster, stack, *made)
 
 
 @pytest.fixture
