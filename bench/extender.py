@@ -47,6 +47,7 @@ from hcs_bus.messages import (
 from hcs_bus.natsserver import free_port
 from hcs_bus.settings import BusSettings, Settings, replace
 from hcs_bus.telemetry import TelemetrySettings, configure
+from scheduler.plan import fleet_summary
 from scheduler.plan import rules as planning
 from scheduler.plan.pods import PlanAnnotation, PodInfo
 from scheduler.replica import Scheduler, run
@@ -173,7 +174,7 @@ def bench_summary(nodes: dict[str, Any], rounds: int = 20) -> dict[str, list[flo
     from kept parts with 1 % of the nodes changed since the last one."""
     names = list(nodes)
     changed = max(len(names) // 100, 1)
-    parts = planning.Parts()
+    parts = fleet_summary.Parts()
     parts.summary(nodes)
     out: dict[str, list[float]] = {"afresh": [], "parts": []}
     for r in range(rounds):

@@ -229,6 +229,18 @@ def read_policy(
     """The ``hcs.io/*`` policy. The job is the pod's job as ``hcs_bus.jobs``
     reads it from these labels, annotations and owner references (``hcs.io/job``
     first); ``JobError`` (a ``DemandError``) when the pod's job sizes disagree."""
+    policy, _ = read_policy_and_job(annotations, labels=labels, owner_references=owner_references)
+    return policy
+
+
+def read_policy_and_job(
+    annotations: Mapping[str, str],
+    *,
+    labels: Mapping[str, str] | None = None,
+    owner_references: Sequence[Mapping[str, Any]] = (),
+) -> tuple[Policy, jobs.JobIdentity | None]:
+    """``read_policy``, and the job it names as ``hcs_bus.jobs`` read it
+    (None for a pod of no job): its run and sizes without a second read."""
     substitution = annotations.get(vocabulary.SUBSTITUTION, "deny").strip()
     if substitution not in SUBSTITUTIONS:
         raise DemandError(
@@ -243,13 +255,14 @@ def read_policy(
         "ownerReferences": list(owner_references),
     }
     identity = jobs.read({"metadata": metadata})
-    return Policy(
+    policy = Policy(
         vendors=split_list(annotations.get(vocabulary.VENDORS, "")),
         models=split_list(annotations.get(vocabulary.MODELS, "")),
         substitution=substitution,  # type: ignore[arg-type]
         job=identity.name if identity is not None else None,
         topology=topology,  # type: ignore[arg-type]
     )
+    return policy, identity
 
 
 def split_list(text: str) -> tuple[str, ...]:

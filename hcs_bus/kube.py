@@ -18,7 +18,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import msgspec
@@ -62,6 +62,87 @@ class _WatchEvent(msgspec.Struct):
 
 
 _WATCH_EVENT = msgspec.json.Decoder(_WatchEvent)
+
+
+# What the pod watch decodes of each Pod: the fields its one user, the
+# scheduler's pod watch (``scheduler.ledger.release_loop.watch_pods``), reads:
+# the release on a deleted or finished pod, ``PendingPods`` (through
+# ``scheduler.replan.rules.pending`` and ``scheduler.plan.pods.pod_info``) and
+# the list-and-watch's own bookkeeping (name, namespace, uid,
+# resourceVersion). msgspec skips the rest without building it (managedFields,
+# volumes, env, probes, status.conditions, containerStatuses: most of a pod's
+# JSON). Every field may be null, as the API server sends some (a BOOKMARK's
+# ``spec.containers``); an object that is not a Pod as typed here is decoded
+# whole (``_decode_event``), so nothing the API server sends stops the watch.
+class _WatchedMeta(TypedDict, total=False):
+    name: str | None
+    namespace: str | None
+    uid: str | None
+    resourceVersion: str | None
+    deletionTimestamp: str | None
+    labels: dict[str, str] | None
+    annotations: dict[str, str] | None
+    ownerReferences: list[dict[str, Any]] | None
+
+
+class _WatchedContainer(TypedDict, total=False):
+    name: str | None
+    resources: dict[str, Any] | None
+
+
+class _WatchedPreferred(TypedDict, total=False):
+    preferredDuringSchedulingIgnoredDuringExecution: list[Any] | None
+
+
+class _WatchedAffinity(TypedDict, total=False):
+    nodeAffinity: _WatchedPreferred | None
+    podAffinity: _WatchedPreferred | None
+    podAntiAffinity: _WatchedPreferred | None
+
+
+class _WatchedSpread(TypedDict, total=False):
+    whenUnsatisfiable: str | None
+
+
+class _WatchedSpec(TypedDict, total=False):
+    nodeName: str | None
+    schedulerName: str | None
+    schedulingGates: list[dict[str, Any]] | None
+    priority: int | None
+    containers: list[_WatchedContainer] | None
+    initContainers: list[_WatchedContainer] | None
+    affinity: _WatchedAffinity | None
+    topologySpreadConstraints: list[_WatchedSpread] | None
+
+
+class _WatchedStatus(TypedDict, total=False):
+    phase: str | None
+
+
+class _WatchedPod(TypedDict, total=False):
+    metadata: _WatchedMeta | None
+    spec: _WatchedSpec | None
+    status: _WatchedStatus | None
+
+
+class _WatchedPodEvent(msgspec.Struct):
+    type: str
+    object: _WatchedPod
+
+
+# "continue" is a keyword: the functional form
+_WatchedPodListMeta = TypedDict(
+    "_WatchedPodListMeta", {"resourceVersion": str | None, "continue": str | None}, total=False
+)
+
+
+class _WatchedPodList(TypedDict, total=False):
+    items: list[_WatchedPod] | None
+    metadata: _WatchedPodListMeta | None
+
+
+_WATCHED_POD_EVENT = msgspec.json.Decoder(_WatchedPodEvent)
+_WATCHED_POD_LIST = msgspec.json.Decoder(_WatchedPodList)
 # the metadata of a list's objects only (the API server leaves the rest out)
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
@@ -447,16 +528,30 @@ class Kube:
         )
 
     async def _list_all(
-        self, what: str, fn: Any, query: dict[str, str], /, *args: Any
+        self,
+        what: str,
+        fn: Any,
+        query: dict[str, str],
+        /,
+        *args: Any,
+        decoder: msgspec.json.Decoder[Any] | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
-        """All pages of a list (``limit``/``continue``), and the list's resourceVersion."""
+        """All pages of a list (``limit``/``continue``), and the list's
+        resourceVersion. ``decoder`` (a TypedDict list, so pages stay plain
+        dicts) reads only the fields it names; a page it cannot type is
+        asked for again and decoded whole."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
             page_args: dict[str, Any] = {"limit": 500, **query}
             if token:
                 page_args["_continue"] = token
-            page = await self._call(what, fn, *args, **page_args)
+            try:
+                page = await self._call(what, fn, *args, decoder=decoder, **page_args)
+            except KubeError as exc:
+                if decoder is None or not isinstance(exc.__cause__, msgspec.ValidationError):
+                    raise
+                page = await self._call(what, fn, *args, **page_args)
             items.extend(page.get("items") or [])
             token = page.get("metadata", {}).get("continue")
             if not token:
@@ -601,10 +696,24 @@ class Kube:
         each pod's metadata, less its managedFields, is remembered between
         lists: a running pod as HCS mutates it (6.5 KB of JSON) held 32 KB as
         Python objects, 320 MB for 10,000 pods, and its identity holds 3 KB.
-        So a DELETED found by a new list carries that alone."""
+        So a DELETED found by a new list carries that alone.
+
+        Each pod, listed or watched, is decoded no further than the fields
+        the scheduler reads of it (``_WatchedPod``): metadata (name,
+        namespace, uid, resourceVersion, deletionTimestamp, labels,
+        annotations, ownerReferences), spec (nodeName, schedulerName,
+        schedulingGates, priority, each container's name and resources, the
+        preferred affinity terms, the spread constraints' whenUnsatisfiable)
+        and status.phase; the rest of its JSON is skipped, never built."""
         query = _selectors(field_selector=field_selector, label_selector=None)
         async for event in self._list_and_watch(
-            "pods", self._core.list_pod_for_all_namespaces, query, synced=synced, keep=_identity
+            "pods",
+            self._core.list_pod_for_all_namespaces,
+            query,
+            synced=synced,
+            keep=_identity,
+            pages=_WATCHED_POD_LIST,
+            events=_WATCHED_POD_EVENT,
         ):
             yield event
 
@@ -616,27 +725,31 @@ class Kube:
         *,
         synced: asyncio.Event | None = None,
         keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        pages: msgspec.json.Decoder[Any] | None = None,
+        events: msgspec.json.Decoder[Any] = _WATCH_EVENT,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """List-then-watch of one cluster-wide collection (``fn`` is its list
         call), resumed from the last resourceVersion (BOOKMARKs move it too);
         410 Gone → list again and yield the difference; retryable errors back off.
         ``synced`` is set once the events of the first list have been taken;
         ``keep`` trims what is remembered for that difference (a DELETED it
-        yields carries only what was kept)."""
+        yields carries only what was kept). ``pages`` and ``events`` decode
+        the list's pages and the watch's lines (as plain dicts: whole by
+        default, or only the fields a typed decoder names)."""
         known: dict[tuple[str, str], dict[str, Any]] = {}
         rv: str | None = None
         backoff_s = 0.2
         while True:
             try:
                 if rv is None:
-                    items, rv = await self._list_all(f"list {what}", fn, query)
+                    items, rv = await self._list_all(f"list {what}", fn, query, decoder=pages)
                     for event in resync(known, items):
                         yield event
                     if keep is not None:
                         known = {key: keep(obj) for key, obj in known.items()}
                     if synced is not None:
                         synced.set()
-                async for kind, obj in self._watch_from(what, fn, rv, query):
+                async for kind, obj in self._watch_from(what, fn, rv, query, decoder=events):
                     rv = obj.get("metadata", {}).get("resourceVersion", rv)
                     backoff_s = 0.2
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
@@ -654,16 +767,23 @@ class Kube:
                 backoff_s = min(backoff_s * 2, WATCH_BACKOFF_MAX_S)
 
     async def _watch_from(
-        self, what: str, fn: Any, rv: str, query: dict[str, str]
+        self,
+        what: str,
+        fn: Any,
+        rv: str,
+        query: dict[str, str],
+        *,
+        decoder: msgspec.json.Decoder[Any] = _WATCH_EVENT,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """One watch request until the server ends it; BOOKMARKs come through too.
 
         The response is read line by line and each event decoded once
-        (msgspec). kubernetes-asyncio's ``Watch`` decoded every event three
-        times (loads, dumps of the object, loads again) and built a new
-        ApiClient, TLS context included, per watch: in bench.burst that was
-        a fifth of the scheduler's CPU, and a consumer that slow is cut off by
-        the API server ("watcher close due to unresponsiveness")."""
+        (msgspec, by ``decoder``: ``_decode_event``). kubernetes-asyncio's
+        ``Watch`` decoded every event three times (loads, dumps of the
+        object, loads again) and built a new ApiClient, TLS context included,
+        per watch: in bench.burst that was a fifth of the scheduler's CPU,
+        and a consumer that slow is cut off by the API server ("watcher close
+        due to unresponsiveness")."""
         kwargs: dict[str, Any] = {
             "watch": True,
             "resource_version": rv,
@@ -680,12 +800,12 @@ class Kube:
                     body = (await resp.read()).decode(errors="replace")[:300]
                     raise ApiException(resp.status, f"{resp.reason}: {body}")
                 while line := await resp.content.readline():
-                    event = _WATCH_EVENT.decode(line)
-                    if event.type == "ERROR":
-                        status = int(event.object.get("code") or 0)
-                        reason = f"{event.object.get('reason')}: {event.object.get('message')}"
+                    kind, obj = _decode_event(line, decoder)
+                    if kind == "ERROR":
+                        status = int(obj.get("code") or 0)
+                        reason = f"{obj.get('reason')}: {obj.get('message')}"
                         raise status_error(f"watch {what}", ApiException(status, reason))
-                    yield event.type, event.object
+                    yield kind, obj
         except ApiException as exc:
             raise status_error(f"watch {what}", exc) from exc
         except msgspec.DecodeError as exc:
@@ -859,6 +979,23 @@ def _identity(obj: dict[str, Any]) -> dict[str, Any]:
     and nothing a consumer of a DELETED reads)."""
     meta = obj.get("metadata") or {}
     return {"metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
+def _decode_event(line: bytes, decoder: msgspec.json.Decoder[Any]) -> tuple[str, dict[str, Any]]:
+    """One watch line as (type, object), the object a plain dict. A typed
+    ``decoder`` builds only the fields it names; an ERROR (whose object is a
+    ``Status``, not the kind watched) or an object it cannot type is decoded
+    whole, as the untyped decoder does."""
+    if decoder is not _WATCH_EVENT:
+        try:
+            typed = decoder.decode(line)
+        except msgspec.ValidationError:
+            pass
+        else:
+            if typed.type != "ERROR":
+                return typed.type, typed.object
+    event = _WATCH_EVENT.decode(line)
+    return event.type, event.object
 
 
 def _retryable(exc: KubeError) -> bool:

@@ -34,7 +34,7 @@ from scheduler.ledger import release_loop as watching
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
 from scheduler.plan import gang_loop as ganging
-from scheduler.plan.rules import Parts
+from scheduler.plan.fleet_summary import Parts
 from scheduler.plan.service import Planner, PlanService
 from scheduler.quota.source import QuotaSource, StatusKube, UsedWriter, used_by_namespace
 from scheduler.replan import loop as stranding

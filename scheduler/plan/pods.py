@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from hcs_bus import demands, jobs, plannotes, vocabulary
+from hcs_bus import demands, plannotes, vocabulary
 from hcs_bus.messages import PodRef, Policy, Requests
 
 RESOURCE_PREFIX = demands.COMPUTE
@@ -126,7 +126,9 @@ def pod_info(pod: PodObject) -> PodInfo:
     annotations = meta.annotations or {}
     labels = meta.labels or {}
     owners = [msgspec.to_builtins(o) for o in meta.owner_references or []]
-    policy = policy_of(annotations, labels=labels, owner_references=owners)
+    # the job as the policy reads it is the job the injector read at
+    # admission: its run comes from that one read
+    policy, job = demands.read_policy_and_job(annotations, labels=labels, owner_references=owners)
     return PodInfo(
         ref=PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid),
         requests=requests_of(pod),
@@ -137,17 +139,10 @@ def pod_info(pod: PodObject) -> PodInfo:
         traceparent=annotations.get(vocabulary.TRACEPARENT),
         pledge=annotations.get(vocabulary.PLEDGE, ""),
         kube_scores=kube_prefers(pod),
-        run=_run(labels, annotations, owners) if policy.job else "",
+        run=job.run if job is not None else "",
         resume_run=annotations.get(vocabulary.RESUME_RUN, "").strip(),
         gang=bool(annotations.get(vocabulary.GANG)),
     )
-
-
-def _run(labels: dict[str, str], annotations: dict[str, str], owners: list[Any]) -> str:
-    """The run of the pod's job, read as the injector reads it at admission."""
-    metadata = {"labels": labels, "annotations": annotations, "ownerReferences": owners}
-    identity = jobs.read({"metadata": metadata}, lenient=True)
-    return identity.run if identity is not None else ""
 
 
 def kube_prefers(pod: PodObject) -> bool:
@@ -193,9 +188,35 @@ def plan_annotation(annotations: dict[str, str]) -> PlanAnnotation | None:
     return value
 
 
+# Requests read from containers' resources, by the JSON of the init and the
+# regular containers' resources (what alone decides them: names only appear
+# in refusals, which are not kept; the resources were decoded from JSON, so
+# two that encode alike are alike). A cluster runs few distinct shapes; the
+# table is emptied when it reaches KNOWN_REQUESTS_MAX.
+KNOWN_REQUESTS_MAX = 4096
+_KNOWN_REQUESTS: dict[bytes, Requests | None] = {}
+_RESOURCES = msgspec.json.Encoder()
+
+
 def requests_of(pod: PodObject) -> Requests | None:
     """The pod's ``ai.compute/*`` requests as ``hcs_bus.demands`` reads them (as
-    the injector did at admission); None when the pod asks for none."""
+    the injector did at admission); None when the pod asks for none.
+
+    The pods of one workload ask alike: the requests read from each set of
+    containers' resources are remembered (``_KNOWN_REQUESTS``, by their
+    JSON), so a pod asking as another did is not read again; a refusal is
+    not remembered, so every pod that earns one gets it, naming its own
+    container."""
+    key = _RESOURCES.encode(
+        (
+            [c.resources for c in pod.spec.init_containers],
+            [c.resources for c in pod.spec.containers],
+        )
+    )
+    try:
+        return _KNOWN_REQUESTS[key]
+    except KeyError:
+        pass
     found = [
         (demands.ContainerRef(field, i, c.name), {"resources": c.resources})
         for field, items in (
@@ -205,7 +226,11 @@ def requests_of(pod: PodObject) -> Requests | None:
         for i, c in enumerate(items)
     ]
     asked = demands.read_requests(found)
-    return asked.requests if asked is not None else None
+    requests = asked.requests if asked is not None else None
+    if len(_KNOWN_REQUESTS) >= KNOWN_REQUESTS_MAX:
+        _KNOWN_REQUESTS.clear()
+    _KNOWN_REQUESTS[key] = requests
+    return requests
 
 
 def policy_of(

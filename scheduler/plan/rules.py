@@ -254,31 +254,6 @@ def _fold(classes: dict[str, ClassStats], c: ClassPart) -> None:
             kth[k] = value
 
 
-class Parts:
-    """Each node's ``NodePart``, made again only for the nodes the view says
-    changed (``changed``, a view listener), so a summary costs one fold per
-    node instead of a pass over every device and reservation."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, NodePart] = {}
-
-    def changed(self, node: str) -> None:
-        self._held.pop(node, None)
-
-    def summary(self, nodes: Mapping[str, NodeView]) -> Summary:
-        held = self._held
-        if len(held) > len(nodes):
-            for gone in [name for name in held if name not in nodes]:
-                del held[gone]
-        pairs = []
-        for name, node in nodes.items():
-            part = held.get(name)
-            if part is None:
-                part = held[name] = node_part(node)
-            pairs.append((part, node.schedulable))
-        return merged(pairs)
-
-
 def charged(
     summary: Summary, *, by_class: Mapping[str, Held], by_namespace: Mapping[str, Held]
 ) -> Summary:

@@ -38,7 +38,7 @@ from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
 from scheduler.ledger.pledge_rules import Held, Pledge
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
-from scheduler.plan import gang_records
+from scheduler.plan import fleet_summary, gang_records
 from scheduler.plan import rules as planning
 from scheduler.plan.gang_service import GangPins
 from scheduler.plan.pods import PlanAnnotation, PodInfo
@@ -96,7 +96,7 @@ class Planner:
         self.quotas = quotas
         self.max_age_s = max_age_s
         self._summary: planning.Summary | None = None
-        self._parts = planning.Parts()
+        self._parts = fleet_summary.Parts()
         self._at = float("-inf")  # when the summary held was built (its build's end)
         self._cost_s = 0.0  # what building it took
         self._dirty = True

@@ -324,8 +324,9 @@ class UsedWriter:
 
     def _conditions(self, limits: Mapping[str, QuotaLimits | None]) -> dict[str, dict[str, Any]]:
         """``GuaranteeFits`` of each namespace with a quota, over the fleet's pool."""
-        if self.classes is None:
-            return {}
+        quoted = {ns: lim for ns, lim in limits.items() if lim is not None}
+        if self.classes is None or not quoted:
+            return {}  # no quota to judge: the fleet is not summed
         classes = self.classes()
         if not classes:
             return {}  # no fleet seen yet: nothing to judge against
@@ -337,7 +338,6 @@ class UsedWriter:
         pool = sharing.NONE
         for c in classes.values():
             pool += sharing.Amount(c.acu * c.devices, c.vram_mib * c.devices)
-        quoted = {ns: lim for ns, lim in limits.items() if lim is not None}
         found = sharing.guarantee_conditions(
             {ns: sharing.share_of(ns, lim, pool=pool) for ns, lim in quoted.items()},
             pool=pool,

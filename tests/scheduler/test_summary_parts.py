@@ -3,13 +3,18 @@ changes, each told to ``Parts.changed``, it equals a summary made afresh."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hcs_bus.messages import NodeReservations
+from hcs_bus.messages import DeviceSlice, NodeReservations, PodRef, Reservation
+from scheduler.plan import fleet_summary
 from scheduler.plan import rules as planning
 from scheduler.view.state import ClusterState
-from tests.scheduler.helpers import dev, node_fp
+from tests.scheduler.helpers import dev, node_fp, state_of
 from tests.view.factories import reservation, verdict
 
 NODES = ("a", "b", "c", "d")
@@ -66,7 +71,7 @@ def _apply(state: ClusterState, op: tuple) -> str:
 @given(st.lists(st.one_of(fingerprint, booking, health, block, stale, gone), max_size=25))
 def test_a_summary_from_kept_parts_equals_one_made_afresh(ops: list[tuple]) -> None:
     state = ClusterState()
-    parts = planning.Parts()
+    parts = fleet_summary.Parts()
     for op in ops:
         parts.changed(_apply(state, op))
         assert parts.summary(state.nodes) == planning.summarise(state.nodes.values())
@@ -76,7 +81,7 @@ def test_a_node_not_said_to_have_changed_keeps_its_part() -> None:
     """What makes it cheap, and why every change must reach ``changed``."""
     state = ClusterState()
     state.apply_fingerprint(node_fp("a"), now=0.0)
-    parts = planning.Parts()
+    parts = fleet_summary.Parts()
     before = parts.summary(state.nodes)
     state.apply_health(verdict("a", 0, "failed"))
     assert parts.summary(state.nodes) == before  # not told
@@ -98,7 +103,7 @@ def test_a_class_summary_folds_each_nodes_devices_as_the_planner_reads_them() ->
     state.apply_fingerprint(node_fp("b", devices=held), now=0.0)
     state.apply_fingerprint(node_fp("c", "nvidia/H100-SXM"), now=0.0)
     state.apply_node("c", {}, blocked="cordoned")
-    summary = planning.Parts().summary(state.nodes)
+    summary = fleet_summary.Parts().summary(state.nodes)
     assert set(summary.classes) == {"nvidia/A100-80G"}  # c takes no pods
     a100 = summary.classes["nvidia/A100-80G"]
     assert (a100.devices, a100.vram_mib) == (6, 81920 - 480)
@@ -106,3 +111,176 @@ def test_a_class_summary_folds_each_nodes_devices_as_the_planner_reads_them() ->
     assert (a100.idle_devices, a100.max_idle_per_node, a100.max_usable_per_node) == (4, 2, 3)
     assert a100.kth_free == [81920, 81920, 40960]
     assert summary.usage == {"ml": (40960, 0.0)}
+
+
+# -- kept up to date node by node ---------------------------------------------
+
+ACUS = (0.0, 0.1, 1 / 3, 12.5, 1e16)  # 1e16 swallows the others: a drifting sum shows
+changing_node = st.sampled_from((*NODES, "e", "f"))
+refingerprint = st.tuples(
+    st.just("fingerprint"),
+    changing_node,
+    st.sampled_from(KEYS),
+    st.integers(1, 4),
+    st.sampled_from((0, 480, 3161)),
+    st.booleans(),
+)
+rebooking = st.tuples(
+    st.just("reservations"),
+    changing_node,
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # device
+            st.integers(1, 40_000),  # MiB
+            st.booleans(),  # whole
+            st.sampled_from(("ml", "web", "batch")),
+            st.sampled_from(ACUS),
+            st.sampled_from(("", "pl-1", "pl-2", "pl-3")),
+        ),
+        max_size=4,
+    ),
+)
+reverdict = st.tuples(
+    st.just("verdict"),
+    changing_node,
+    st.sampled_from((None, 0, 1, 2, 3)),  # None: the node's own verdict
+    st.sampled_from(("failed", "degraded", "healthy")),
+)
+reblock = st.tuples(st.just("block"), changing_node, st.sampled_from((None, "cordoned")))
+restale = st.tuples(st.just("stale"), changing_node, st.booleans())
+removal = st.tuples(st.just("gone"), changing_node)
+vanishing = st.tuples(st.just("vanish"), changing_node)  # gone, and nobody told
+
+
+def _change(state: ClusterState, op: tuple, *, seq: int) -> None:
+    kind, name = op[0], op[1]
+    node = state.nodes.get(name)
+    if kind == "fingerprint":
+        key, count, driver, broken = op[2:]
+        devices = tuple(
+            dev(i, key, driver_mib=driver, error="lost" if broken and i == 0 else None)
+            for i in range(count)
+        )
+        state.apply_fingerprint(node_fp(name, key, devices=devices, seq=seq), now=0.0)
+    elif kind == "reservations":
+        held = tuple(
+            Reservation(
+                pod=PodRef(namespace=ns, name=f"p{i}", uid=f"uid-{i}"),
+                devices=(DeviceSlice(index=index, uuid=f"GPU-{index}", vram_mib=mib, whole=whole),),
+                state="bound",
+                time_s=1.0,
+                acu=acu,
+                pledge=pledge,
+            )
+            for i, (index, mib, whole, ns, acu, pledge) in enumerate(op[2])
+        )
+        state.apply_reservations(name, NodeReservations(node=name, reservations=held))
+    elif kind == "verdict":
+        state.apply_health(verdict(name, op[2], op[3]))
+    elif kind == "block":
+        state.apply_node(name, {}, blocked=op[2])
+    elif kind == "stale" and node is not None:
+        node.stale = op[2]
+    elif kind in ("gone", "vanish"):
+        state.nodes.pop(name, None)
+
+
+def _assert_same(got: planning.Summary, want: planning.Summary) -> None:
+    assert list(got.classes) == sorted(want.classes)
+    for key, stats in want.classes.items():
+        assert dataclasses.asdict(got.classes[key]) == dataclasses.asdict(stats), key
+    assert got.usage.keys() == want.usage.keys()
+    for ns, (vram_mib, acu) in want.usage.items():
+        assert got.usage[ns][0] == vram_mib, ns
+        assert math.isclose(got.usage[ns][1], acu, rel_tol=1e-9, abs_tol=1e-9), ns
+    assert got.pledge_ids == want.pledge_ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(refingerprint, rebooking, reverdict, reblock, restale, removal, vanishing),
+        max_size=40,
+    )
+)
+def test_a_summary_kept_by_taking_out_and_adding_node_parts_equals_one_made_afresh(
+    ops: list[tuple],
+) -> None:
+    state = ClusterState()
+    parts = fleet_summary.Parts()
+    for seq, op in enumerate(ops, start=1):
+        _change(state, op, seq=seq)
+        if op[0] != "vanish":
+            parts.changed(op[1])
+        _assert_same(parts.summary(state.nodes), planning.summarise(state.nodes.values()))
+
+
+def test_a_summary_makes_again_only_the_parts_of_the_nodes_said_to_have_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = state_of(*(node_fp(f"n{i}", count=2) for i in range(20)))
+    parts = fleet_summary.Parts()
+    parts.summary(state.nodes)
+    made: list[str] = []
+    node_part = planning.node_part
+    monkeypatch.setattr(
+        fleet_summary, "node_part", lambda node: made.append(node.name) or node_part(node)
+    )
+    for name in ("n3", "n11"):
+        state.apply_health(verdict(name, 0, "failed"))
+        parts.changed(name)
+    summary = parts.summary(state.nodes)
+    assert sorted(made) == ["n11", "n3"]
+    assert summary.classes["nvidia/A100-80G"].devices == 40
+    assert summary == planning.summarise(state.nodes.values())
+
+
+def test_what_a_summary_hands_out_is_the_callers_to_change() -> None:
+    state = state_of(node_fp("a", count=2), node_fp("b", count=1))
+    parts = fleet_summary.Parts()
+    first = parts.summary(state.nodes)
+    stats = first.classes["nvidia/A100-80G"]
+    stats.free_mib = 0
+    stats.kth_free.append(1)
+    stats.free_counts[1] = 99
+    first.usage["ml"] = (1, 1.0)
+    assert parts.summary(state.nodes) == planning.summarise(state.nodes.values())
+
+
+def test_taking_out_a_node_leaves_its_namespaces_usage_as_the_other_nodes_make_it() -> None:
+    """A float sum that values are subtracted from drifts: 0.1 + 1e16 − 1e16 is 0."""
+    state = state_of(node_fp("a"), node_fp("b"))
+    parts = fleet_summary.Parts()
+    for name, acu in (("a", 0.1), ("b", 1e16)):
+        held = Reservation(
+            pod=PodRef(namespace="ml", name=f"p-{name}", uid=name),
+            devices=(DeviceSlice(index=0, uuid="GPU-0", vram_mib=1024, whole=False),),
+            state="bound",
+            time_s=1.0,
+            acu=acu,
+        )
+        state.apply_reservations(name, NodeReservations(node=name, reservations=(held,)))
+        parts.changed(name)
+        parts.summary(state.nodes)
+    state.apply_reservations("b", None)
+    parts.changed("b")
+    assert parts.summary(state.nodes).usage == {"ml": (1024, 0.1)}
+
+
+def test_an_infinite_acu_counts_as_a_float_sum_would_until_its_node_goes() -> None:
+    state = state_of(node_fp("a"), node_fp("b"))
+    parts = fleet_summary.Parts()
+    for name, acu in (("a", 1.5), ("b", math.inf)):
+        held = Reservation(
+            pod=PodRef(namespace="ml", name=f"p-{name}", uid=name),
+            devices=(DeviceSlice(index=0, uuid="GPU-0", vram_mib=1024, whole=False),),
+            state="bound",
+            time_s=1.0,
+            acu=acu,
+        )
+        state.apply_reservations(name, NodeReservations(node=name, reservations=(held,)))
+        parts.changed(name)
+    assert parts.summary(state.nodes).usage == {"ml": (2048, math.inf)}
+    state.nodes.pop("b")
+    parts.changed("b")
+    assert parts.summary(state.nodes).usage == {"ml": (1024, 1.5)}
