@@ -21,14 +21,21 @@ NODES = ("a", "b", "c", "d")
 KEYS = ("nvidia/A100-80G", "huawei/Ascend910B2", "nvidia/H100-SXM")
 
 node = st.sampled_from(NODES)
-fingerprint = st.tuples(
-    st.just("fingerprint"),
-    node,
-    st.sampled_from(KEYS),
-    st.integers(1, 4),
-    st.sampled_from((0, 480, 3161)),
-    st.booleans(),
-)
+
+
+def fingerprints_on(nodes: st.SearchStrategy[str]) -> st.SearchStrategy[tuple[object, ...]]:
+    """A fingerprint step: node, class, device count, VRAM in use, links."""
+    return st.tuples(
+        st.just("fingerprint"),
+        nodes,
+        st.sampled_from(KEYS),
+        st.integers(1, 4),
+        st.sampled_from((0, 480, 3161)),
+        st.booleans(),
+    )
+
+
+fingerprint = fingerprints_on(node)
 booking = st.tuples(
     st.just("reservations"),
     node,
@@ -117,14 +124,7 @@ def test_a_class_summary_folds_each_nodes_devices_as_the_planner_reads_them() ->
 
 ACUS = (0.0, 0.1, 1 / 3, 12.5, 1e16)  # 1e16 swallows the others: a drifting sum shows
 changing_node = st.sampled_from((*NODES, "e", "f"))
-refingerprint = st.tuples(
-    st.just("fingerprint"),
-    changing_node,
-    st.sampled_from(KEYS),
-    st.integers(1, 4),
-    st.sampled_from((0, 480, 3161)),
-    st.booleans(),
-)
+refingerprint = fingerprints_on(changing_node)
 rebooking = st.tuples(
     st.just("reservations"),
     changing_node,
