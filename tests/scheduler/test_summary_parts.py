@@ -247,20 +247,25 @@ def test_what_a_summary_hands_out_is_the_callers_to_change() -> None:
     assert parts.summary(state.nodes) == planning.summarise(state.nodes.values())
 
 
+def _hold_one(state: ClusterState, parts: fleet_summary.Parts, name: str, acu: float) -> None:
+    """Node ``name`` holds one 1 GiB slice of ``acu`` for namespace ml; ``parts`` is told."""
+    held = Reservation(
+        pod=PodRef(namespace="ml", name=f"p-{name}", uid=name),
+        devices=(DeviceSlice(index=0, uuid="GPU-0", vram_mib=1024, whole=False),),
+        state="bound",
+        time_s=1.0,
+        acu=acu,
+    )
+    state.apply_reservations(name, NodeReservations(node=name, reservations=(held,)))
+    parts.changed(name)
+
+
 def test_taking_out_a_node_leaves_its_namespaces_usage_as_the_other_nodes_make_it() -> None:
     """A float sum that values are subtracted from drifts: 0.1 + 1e16 − 1e16 is 0."""
     state = state_of(node_fp("a"), node_fp("b"))
     parts = fleet_summary.Parts()
     for name, acu in (("a", 0.1), ("b", 1e16)):
-        held = Reservation(
-            pod=PodRef(namespace="ml", name=f"p-{name}", uid=name),
-            devices=(DeviceSlice(index=0, uuid="GPU-0", vram_mib=1024, whole=False),),
-            state="bound",
-            time_s=1.0,
-            acu=acu,
-        )
-        state.apply_reservations(name, NodeReservations(node=name, reservations=(held,)))
-        parts.changed(name)
+        _hold_one(state, parts, name, acu)
         parts.summary(state.nodes)
     state.apply_reservations("b", None)
     parts.changed("b")
@@ -271,15 +276,7 @@ def test_an_infinite_acu_counts_as_a_float_sum_would_until_its_node_goes() -> No
     state = state_of(node_fp("a"), node_fp("b"))
     parts = fleet_summary.Parts()
     for name, acu in (("a", 1.5), ("b", math.inf)):
-        held = Reservation(
-            pod=PodRef(namespace="ml", name=f"p-{name}", uid=name),
-            devices=(DeviceSlice(index=0, uuid="GPU-0", vram_mib=1024, whole=False),),
-            state="bound",
-            time_s=1.0,
-            acu=acu,
-        )
-        state.apply_reservations(name, NodeReservations(node=name, reservations=(held,)))
-        parts.changed(name)
+        _hold_one(state, parts, name, acu)
     assert parts.summary(state.nodes).usage == {"ml": (2048, math.inf)}
     state.nodes.pop("b")
     parts.changed("b")
