@@ -25,7 +25,8 @@ to ``--qps``/2 × ``--qps`` for both), plain first in odd rounds and HCS
 first in even ones. Printed per burst and as medians: pods bound per second
 (first create → last bound), create → bound p50/p99, admissions refused
 (with ``hcs_injector_refusals_total`` by reason), CPU ms per pod of each
-process less its load at rest, the HCS scheduler's RSS; then each round's
+process less its load at rest (``settled_rest``: taken once the fresh
+cluster has settled), the HCS scheduler's RSS; then each round's
 ratio and, last, ``ratio bound/s hcs/plain: X at N nodes``.
 
 ``--profile`` samples the HCS scheduler with py-spy through the first HCS
@@ -67,13 +68,13 @@ from bench.burst import (
     PLAIN_KIND,
     Watcher,
     _samples,
-    at_rest,
     burst_pod,
     clear,
     cost_per_pod,
     cpu_now,
     fleet_file,
     round_order,
+    settled_rest,
     wait_labelled,
 )
 from bench.fleets import of_profile
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=max(120.0, len(names) / 20),
         )
         print(f"labelled and in HCS's view after {time.monotonic() - t0:.1f} s", flush=True)
-        rest = at_rest(cluster, stack, seconds=args.rest_s)
+        rest = settled_rest(cluster, stack, seconds=args.rest_s)
         hcs_kind = Kind("vram", 100, {"ai.compute/vram": args.vram})
         order = round_order(args.rounds, ("plain", PLAIN_KIND), ("hcs", hcs_kind))
         results: list[dict[str, Any]] = []

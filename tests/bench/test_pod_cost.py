@@ -15,6 +15,7 @@ from bench.burst import (
     report,
     report_pod_cost,
     report_rounds,
+    rest_after_settling,
     round_order,
     settled,
     volumes,
@@ -236,3 +237,37 @@ def test_the_next_burst_waits_until_all_processes_together_are_back_near_rest() 
     assert not settled({"kubelets": 0.3, "scheduler": 0.45, "kube-apiserver": 0.05}, rest)
     assert settled({"kubelets": 0.4, "scheduler": 0.1, "kube-apiserver": 0.1}, rest)  # 0.6
     assert settled({"kubelets": 0.2, "scheduler": 0.0}, rest)
+
+
+def _windows(*loads: dict[str, float]):
+    """A ``measure`` that hands out ``loads`` in turn, counting the seconds asked."""
+    asked: list[float] = []
+    left = list(loads)
+
+    def measure(seconds: float) -> dict[str, float]:
+        asked.append(seconds)
+        return left.pop(0)
+
+    return measure, asked
+
+
+def test_the_load_at_rest_is_taken_once_the_fresh_cluster_stops_settling() -> None:
+    measure, asked = _windows(
+        {"kube-apiserver": 0.85, "etcd": 0.2, "scheduler": 0.06},  # fresh Nodes being written
+        {"kube-apiserver": 0.30, "etcd": 0.06, "scheduler": 0.02},  # falling: 0.38 < 0.8 × 1.11
+        {"kube-apiserver": 0.18, "etcd": 0.04, "scheduler": 0.02},  # still falling: 0.24 < 0.30
+        {"kube-apiserver": 0.22, "etcd": 0.03, "mirror": 0.05},  # no longer: 0.30 >= 0.19
+    )
+    load, _took, done = rest_after_settling(measure, seconds=8.0)
+    assert done and asked == [8.0] * 4
+    # the last two windows averaged, a process seen in only one at half its load
+    assert load == pytest.approx(
+        {"kube-apiserver": 0.20, "etcd": 0.035, "scheduler": 0.01, "mirror": 0.025}
+    )
+
+
+def test_a_cluster_that_never_settles_gives_its_last_two_windows_and_says_so() -> None:
+    measure, asked = _windows(*({"kube-apiserver": 1.0 / (i + 1)} for i in range(10)))
+    load, _took, done = rest_after_settling(measure, seconds=1.0, timeout_s=0.0)
+    assert not done and len(asked) == 2
+    assert load == pytest.approx({"kube-apiserver": 0.75})
