@@ -7,6 +7,7 @@ alert feed back from the cluster and says what was lost or double-booked."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import random
@@ -48,6 +49,10 @@ class Burst:
     successes: list[float] = field(default_factory=list)  # loop times of answered binds
     health_acked: list[int] = field(default_factory=list)
     failures: int = 0
+    # the latest failed operations: (loop time, what was raised), for a failure's message
+    errors: collections.deque[tuple[float, str]] = field(
+        default_factory=functools.partial(collections.deque, maxlen=2000)
+    )
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _next: int = 0
@@ -131,6 +136,8 @@ class Burst:
                 return await op()
         except Exception as exc:
             self.failures += 1
+            loop = asyncio.get_running_loop()
+            self.errors.append((loop.time(), f"{type(exc).__name__}: {str(exc)[:160]}"))
             await asyncio.sleep(0.1)
             return exc
 
@@ -153,10 +160,34 @@ class Burst:
     # -- what the cluster holds ----------------------------------------------
     async def serving_after(self, since: float, *, timeout_s: float = SERVING_WITHIN_S) -> float:
         """Seconds from ``since`` (loop time) to the first bind answered after it."""
-        async with asyncio.timeout(timeout_s + 5.0):
-            while not any(t > since for t in self.successes):
-                await asyncio.sleep(0.05)
+        try:
+            async with asyncio.timeout(timeout_s + 5.0):
+                while not any(t > since for t in self.successes):
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise AssertionError(self.why_not_serving(since)) from None
         return min(t for t in self.successes if t > since) - since
+
+    def why_not_serving(self, since: float) -> str:
+        """What the replicas answered since ``since`` instead of a bind, each
+        kind of failure counted, and where each connection and quorum watch
+        stands: enough to tell a slow election from a stuck client."""
+        seen = collections.Counter(why for t, why in self.errors if t > since)
+        last = max(self.successes, default=since) - since
+        lines = [f"no bind answered within {SERVING_WITHIN_S + 5:g} s of {since:.2f}"]
+        lines.append(f"last answered bind {last:+.2f} s from then")
+        lines += [f"  {n} x {why}" for why, n in seen.most_common(8)]
+        for bus in self.buses:
+            url = bus.nc.connected_url
+            where = f"{url.hostname}:{url.port}" if url is not None else "nowhere"
+            state = "connected" if bus.nc.is_connected else "reconnecting"
+            lines.append(f"  connection {bus.nc.options.get('name')}: {state} to {where}")
+        lines += [
+            f"  replica-{i}: ledger quorum {'lost' if r.booker.quorum.lost else 'held'}"
+            for i, r in enumerate(self.replicas)
+            if r.booker.quorum is not None
+        ]
+        return "\n".join(lines)
 
     async def wait_binds(self, count: int, *, timeout_s: float = 30.0) -> None:
         """Until ``count`` more binds were answered."""
