@@ -315,7 +315,8 @@ class Extender:
         others = self.picks.on(name, besides=pod.ref.uid, booked=node.reservations.__contains__)
         if not others:
             return True
-        return placing.fits_after(node, self.view.state.reservations_of(name), others, demand)
+        doc = self.view.state.reservations_of(name)
+        return placing.fits_with_picks(node, doc, others, demand)
 
     async def _best(self, pod: PodInfo, cache: caching.DemandCache, passed: list[str]) -> str:
         """The node ``prioritize`` would score highest (the first of a tie, in
@@ -416,7 +417,7 @@ class Extender:
             node, others = state.nodes.get(name), on.get(name)
             if node is None or not others:
                 kept.append(name)
-            elif placing.fits_after(node, state.reservations_of(name), others, demand):
+            elif placing.fits_with_picks(node, state.reservations_of(name), others, demand):
                 kept.append(name)
             else:
                 failed[name] = "hcs: the devices left here are planned for a pledged gang"

@@ -322,6 +322,44 @@ def fits_after(
     return check_node(copy, demand).ok
 
 
+def fits_with_picks(
+    node: NodeView, doc: NodeReservations | None, others: Sequence[Demand], demand: Demand
+) -> bool:
+    """``fits_after`` for a ``node`` that holds ``doc`` already (the view's
+    node and its document): counted in slices when that decides it exactly,
+    else played out on a copy."""
+    counted = _slices_left(node, others, demand)
+    return fits_after(node, doc, others, demand) if counted is None else counted
+
+
+def _slices_left(node: NodeView, others: Sequence[Demand], demand: Demand) -> bool | None:
+    """Whether ``demand`` still fits once ``others`` hold their devices, when
+    it and every one of ``others`` of its class is one slice of the same size
+    (a burst of one kind of pod): a device with ``f`` MiB free holds
+    ``f // size`` such slices wherever each lands, so the demand fits after
+    the others exactly when the node holds more slices than there are others.
+    Others of another class take other devices. None: not that case."""
+    if demand.whole_device or demand.devices != 1 or demand.vram_mib_per_device <= 0:
+        return None
+    key, size = demand.key, demand.vram_mib_per_device
+    ahead = 0
+    for other in others:
+        if other.key != key:
+            continue
+        if other.whole_device or other.devices != 1 or other.vram_mib_per_device != size:
+            return None
+        ahead += 1
+    if not check_node(node, demand).ok:  # others only take: it cannot fit after them
+        return False
+    slices = 0
+    for device in node.devices.values():
+        if device.usable and device.fp.vram_usable_mib >= size and device_class(device) == key:
+            slices += device.free_mib // size
+            if slices > ahead:
+                return True
+    return False
+
+
 def slices_for(devices: Iterable[DeviceView], demand: Demand) -> tuple[DeviceSlice, ...]:
     """What ``demand`` takes of each of the chosen ``devices``."""
     return tuple(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hcs_bus.messages import NodeReservations
 from scheduler.extender import rules as placing
@@ -302,3 +306,66 @@ def test_of_nodes_with_one_score_spread_takes_the_emptiest_not_the_first(
         assert cache.entry("n1").score == cache.entry("n2").score
     assert cache.best(["n2", "n1"]) == chosen
     assert cache.best_if_all_fit(["n2", "n1"]) == chosen
+
+
+_SIZES = (8192, 16384, 20480, 40960, 81920)
+
+
+@st.composite
+def _picks_on_a_node(draw: st.DrawFn) -> tuple[Any, NodeReservations, list[PlanAnnotation], Any]:
+    """A node of A100s (some failed, some with the driver holding memory, one
+    of another class), its held slices and whole devices, the pods picked
+    for it and one more pod: mostly one slice size, now and then another."""
+    count = draw(st.integers(1, 8))
+    devices = [
+        dev(
+            i,
+            driver_mib=draw(st.sampled_from((0, 0, 1024))),
+            error=draw(st.sampled_from((None,) * 7 + ("xid 79",))),
+        )
+        for i in range(count)
+    ]
+    devices.append(dev(count, "nvidia/H100-SXM"))
+    state = state_of(node_fp("n", devices=tuple(devices)))
+    held = []
+    for i in range(count):
+        kind = draw(st.sampled_from(("none", "slices", "whole")))
+        if kind == "whole":
+            held.append(reservation("ml", f"w{i}", [(i, 81920, True)]))
+        elif kind == "slices":
+            for j, mib in enumerate(draw(st.lists(st.sampled_from(_SIZES[:3]), max_size=4))):
+                held.append(reservation("ml", f"s{i}-{j}", [(i, mib, False)]))
+    doc = NodeReservations(node="n", reservations=tuple(held))
+    state.apply_reservations("n", doc, revision=1)
+    size = draw(st.sampled_from(_SIZES))
+    one = a100_slice(size)
+    odd = st.sampled_from(
+        (
+            a100_slice(81920, whole=True),
+            a100_slice(draw(st.sampled_from(_SIZES))),
+            PlanAnnotation(
+                vendor="nvidia",
+                model="H100-SXM",
+                devices=1,
+                vram_mib_per_device=size,
+                whole_device=False,
+            ),
+        )
+    )
+    others = draw(st.lists(st.one_of(st.just(one), st.just(one), odd), max_size=12))
+    demand = draw(st.sampled_from((one, one, one, a100_slice(81920, whole=True))))
+    return state, doc, others, demand
+
+
+@given(_picks_on_a_node())
+@settings(max_examples=400, deadline=None)
+def test_room_counted_in_slices_is_the_room_a_bind_by_bind_play_finds(
+    case: tuple[Any, NodeReservations, list[PlanAnnotation], PlanAnnotation],
+) -> None:
+    state, doc, others, demand = case
+    node = state.nodes["n"]
+    for device in node.devices.values():  # the failed devices of the draw
+        if device.fp.error is not None:
+            state.apply_health(verdict("n", device.index, "failed"))
+    played = placing.fits_after(node, doc, others, demand)
+    assert placing.fits_with_picks(node, doc, others, demand) == played
