@@ -404,7 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=32, help="concurrent create clients")
     parser.add_argument("--vram", default="16Gi", help="ai.compute/vram per HCS pod")
     parser.add_argument("--qps", type=int, default=5000, help="kube-scheduler client QPS")
-    parser.add_argument("--rest-s", type=float, default=8.0, help="CPU at rest measured this long")
+    parser.add_argument(
+        "--rest-s",
+        type=float,
+        default=8.0,
+        help="CPU at rest measured in windows this long (a report period at least)",
+    )
     parser.add_argument(
         "--settle-s", type=float, default=30.0, help="stop when no pod is bound for this long"
     )
@@ -455,7 +460,10 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=max(120.0, len(names) / 20),
         )
         print(f"labelled and in HCS's view after {time.monotonic() - t0:.1f} s", flush=True)
-        rest = settled_rest(cluster, stack, seconds=args.rest_s)
+        # each window spans a report period at least: the agents' reports come
+        # in waves, and a shorter window holds one wave or none
+        window_s = max(args.rest_s, args.report_interval_s)
+        rest = settled_rest(cluster, stack, seconds=window_s)
         hcs_kind = Kind("vram", 100, {"ai.compute/vram": args.vram})
         order = round_order(args.rounds, ("plain", PLAIN_KIND), ("hcs", hcs_kind))
         results: list[dict[str, Any]] = []
