@@ -45,14 +45,22 @@ from hcs_bus.deadletters import DEAD_LETTERS, DeadLetters, family
 from hcs_bus.errors import BadMessage, BusTimeout, BusUnavailable, StaleWrite
 from hcs_bus.redacting import redact_text, redact_url
 from hcs_bus.settings import BusSettings
-from hcs_bus.telemetry import TRACEPARENT, inject_headers, logger, meter, span, zero_init
+from hcs_bus.telemetry import (
+    TRACEPARENT,
+    TallyCounter,
+    inject_headers,
+    logger,
+    meter,
+    span,
+    zero_init,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _log = logger("hcs.bus")
 _meter = meter("hcs.bus")
-PUBLISHED = _meter.create_counter("hcs_bus_published", description="messages published")
+PUBLISHED = TallyCounter("hcs.bus", "hcs_bus_published", description="messages published")
 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"

@@ -20,7 +20,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from opentelemetry import metrics, trace
@@ -49,7 +49,7 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 _tracer_provider: trace.TracerProvider | None = None  # None: the global one
 _tracers: dict[tuple[str, int], tuple[trace.TracerProvider, trace.Tracer]] = {}
-_zeroed: list[tuple[metrics.Counter, tuple[Mapping[str, str], ...]]] = []
+_zeroed: list[tuple[Counting, tuple[Mapping[str, str], ...]]] = []
 
 
 def configure(settings: TelemetrySettings, *, service: str | None = None) -> None:
@@ -161,7 +161,40 @@ def observe_counter(
     meter(meter_name).create_observable_counter(name, callbacks=[callback], description=description)
 
 
-def zero_init(counter: metrics.Counter, *label_sets: Mapping[str, str]) -> metrics.Counter:
+class TallyCounter:
+    """A monotonic counter kept in this process and read when metrics are
+    collected: ``add`` is one dict update, where the SDK's ``Counter.add``
+    validates and hashes its attributes and walks its measurement path on
+    every event (about 8 µs: for the counters of every bind and plan, 2 %
+    of the scheduler's CPU under a burst). Exported as an observable counter
+    of the same name, description and labels, so it reads as one."""
+
+    def __init__(self, meter_name: str, name: str, *, description: str) -> None:
+        self.name = name
+        self._counts: dict[frozenset[tuple[str, Any]], float] = {}
+        meter(meter_name).create_observable_counter(
+            name, callbacks=[self._observe], description=description
+        )
+
+    def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
+        if amount < 0:  # as the SDK's counter: dropped, and said
+            _log.warning("counter_decrement_dropped", counter=self.name, amount=amount)
+            return
+        key = frozenset(attributes.items()) if attributes else _NO_LABELS
+        self._counts[key] = self._counts.get(key, 0) + amount
+
+    def _observe(self, _options: CallbackOptions) -> list[Observation]:
+        # a copy first: the collector may run on the metrics server's thread
+        return [Observation(value, dict(key)) for key, value in self._counts.copy().items()]
+
+
+_NO_LABELS: frozenset[tuple[str, Any]] = frozenset()
+_log = structlog.get_logger("hcs.telemetry")
+Counting = metrics.Counter | TallyCounter
+C = TypeVar("C", metrics.Counter, TallyCounter)
+
+
+def zero_init(counter: C, *label_sets: Mapping[str, str]) -> C:
     """Export ``counter`` at 0 for each label set before its first event (so
     ``rate()`` has a series to start from); applied once telemetry is configured."""
     sets = label_sets or ({},)
@@ -171,7 +204,7 @@ def zero_init(counter: metrics.Counter, *label_sets: Mapping[str, str]) -> metri
     return counter
 
 
-def _add_zeros(counter: metrics.Counter, label_sets: tuple[Mapping[str, str], ...]) -> None:
+def _add_zeros(counter: Counting, label_sets: tuple[Mapping[str, str], ...]) -> None:
     for labels in label_sets:
         counter.add(0, dict(labels))
 

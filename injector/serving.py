@@ -28,7 +28,7 @@ from hcs_bus.errors import ConfigError
 from hcs_bus.kube import Kube
 from hcs_bus.messages import Plan, PlanRequest
 from hcs_bus.settings import Settings
-from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text, zero_init
+from hcs_bus.telemetry import SECONDS_BUCKETS, TallyCounter, logger, meter, metrics_text, zero_init
 from injector import rebinds as rebinding
 from injector import runtimes
 from injector.admitting import Admitter, Planner
@@ -40,7 +40,7 @@ from injector.tls import ReloadingTls
 _log = logger("hcs.injector")
 _meter = meter("hcs.injector")
 ADMISSIONS = zero_init(
-    _meter.create_counter("hcs_injector_admissions", description="admission answers"),
+    TallyCounter("hcs.injector", "hcs_injector_admissions", description="admission answers"),
     {"result": "allowed"},
 )
 REFUSALS = zero_init(

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from hcs_bus.natsserver import free_port
 
@@ -152,3 +153,25 @@ def test_a_metrics_port_already_taken_is_one_clear_error() -> None:
         )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"telemetry.metrics_port {port}: "), done.stdout
+
+
+def test_a_tally_counter_reads_as_a_counter_of_the_same_name_and_labels() -> None:
+    from hcs_bus.telemetry import TallyCounter, metrics_text, zero_init
+
+    tally = zero_init(
+        TallyCounter("hcs.test", "hcs_test_tallied", description="things tallied"),
+        {"verb": "bind"},
+    )
+    for verb in ("filter", "filter", "bind"):
+        tally.add(1, {"verb": verb})
+    tally.add(2, {"verb": "filter"})
+    tally.add(-5, {"verb": "filter"})  # a counter never goes down: dropped
+    tally.add(0, {"verb": "preempt"})  # exported at zero before its first event
+    found = {
+        sample.labels["verb"]: sample.value
+        for family in text_string_to_metric_families(metrics_text().decode())
+        if family.name == "hcs_test_tallied" and family.type == "counter"
+        for sample in family.samples
+        if sample.name == "hcs_test_tallied_total"
+    }
+    assert found == {"filter": 4.0, "bind": 1.0, "preempt": 0.0}

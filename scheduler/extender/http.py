@@ -50,7 +50,7 @@ from aiohttp.typedefs import Handler, Middleware
 from hcs_bus import httpbodies, tls, units
 from hcs_bus.errors import ConfigError
 from hcs_bus.settings import SchedulerSettings
-from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, metrics_text
+from hcs_bus.telemetry import SECONDS_BUCKETS, TallyCounter, logger, meter, metrics_text
 from scheduler.extender import caches as caching
 from scheduler.extender import http2, wire
 from scheduler.extender import rules as placing
@@ -71,7 +71,7 @@ from scheduler.view.state import pod_key
 
 _log = logger("hcs.scheduler.extender")
 _meter = meter("hcs.scheduler")
-CALLS = _meter.create_counter("hcs_extender_calls", description="extender calls by verb")
+CALLS = TallyCounter("hcs.scheduler", "hcs_extender_calls", description="extender calls by verb")
 REFUSALS = _meter.create_counter(
     "hcs_extender_refusals", description="extender calls refused (HTTP 4xx), by verb and reason"
 )

@@ -36,7 +36,7 @@ from nats.js.kv import KeyValue
 from hcs_bus import kvcas, tasks
 from hcs_bus.errors import BusUnavailable, HcsError
 from hcs_bus.messages import Plan, PlanRequest, PodRef
-from hcs_bus.telemetry import logger, meter
+from hcs_bus.telemetry import TallyCounter, logger
 from scheduler.ledger import pledge_rules as pledges
 from scheduler.ledger.group_commit import Batches
 from scheduler.ledger.pledge_rules import NamespacePledges, Pledge
@@ -45,8 +45,7 @@ from scheduler.plan import rules as planning
 from scheduler.plan.pods import PlanAnnotation as Sizing
 
 _log = logger("hcs.scheduler.pledging")
-_meter = meter("hcs.scheduler")
-PLEDGES = _meter.create_counter("hcs_scheduler_pledges", description="pledge outcomes")
+PLEDGES = TallyCounter("hcs.scheduler", "hcs_scheduler_pledges", description="pledge outcomes")
 MAX_ATTEMPTS = 50  # writes of one key tried before giving up (``hcs_bus.kvcas``)
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(NamespacePledges)

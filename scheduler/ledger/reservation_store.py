@@ -47,7 +47,7 @@ from hcs_bus.messages import (
     Reservation,
 )
 from hcs_bus.quorum import LeaderWatch
-from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, span, zero_init
+from hcs_bus.telemetry import SECONDS_BUCKETS, TallyCounter, logger, meter, span, zero_init
 from scheduler.extender.collectives import collective_annotations
 from scheduler.extender.rules import Demand, check_node, choose_devices, slices_for
 from scheduler.ledger import audit_rules as ledger
@@ -59,13 +59,15 @@ from scheduler.view.state import ClusterState, DeviceView, NodeView, booked
 
 _log = logger("hcs.scheduler.booking")
 _meter = meter("hcs.scheduler")
-BINDS = _meter.create_counter("hcs_scheduler_binds", description="bind outcomes")
+BINDS = TallyCounter("hcs.scheduler", "hcs_scheduler_binds", description="bind outcomes")
 CONFLICTS = zero_init(
     _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
 )
 WRITES = zero_init(
-    _meter.create_counter(
-        "hcs_scheduler_node_writes", description="node reservation documents written to KV"
+    TallyCounter(
+        "hcs.scheduler",
+        "hcs_scheduler_node_writes",
+        description="node reservation documents written to KV",
     )
 )
 BIND_SECONDS = _meter.create_histogram(
