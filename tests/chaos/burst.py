@@ -92,6 +92,12 @@ class Burst:
         replica = self.replicas[worker % len(self.replicas)]
         loop = asyncio.get_running_loop()
         mine: list[str] = []
+        # pods to let go, (name, node): the oldest of this worker's once it
+        # holds more than 20, and those whose bind answer was lost in a fault
+        # (held or not: kube-scheduler would retry them elsewhere, the
+        # release loop free them); a release that fails is tried again,
+        # else the fleet fills with reservations nobody frees
+        leaving: list[tuple[str, str]] = []
         while not self._stop.is_set():
             self._next += 1
             name = f"p{self._next}"
@@ -104,17 +110,31 @@ class Burst:
                 self.acked[name] = node
                 self.successes.append(loop.time())
                 mine.append(name)
-            if len(mine) > 20:  # keep room: release the oldest of this worker's pods
+            elif isinstance(answered, str):  # refused: the reason kube-scheduler would get
+                self.errors.append((loop.time(), f"bind refused: {answered[:160]}"))
+            else:
+                leaving.append((name, node))
+            if len(mine) > 20:
                 old = mine.pop(0)
-                ref = pod_info(old).ref
-                # asked to go: held or not afterwards (an answer lost in a fault), it
-                # is no longer a reservation the ledger must keep
-                self.released.add(old)
-                await self._attempt(
-                    functools.partial(
-                        replica.booker.release, ref, reason="done", node=self.acked[old]
-                    )
-                )
+                leaving.append((old, self.acked[old]))
+            leaving = await self._let_go(replica, leaving)
+
+    async def _let_go(
+        self, replica: Scheduler, leaving: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        """Release each pod of ``leaving``; those whose release failed, to try again."""
+        again = []
+        for name, node in leaving:
+            # asked to go: held or not afterwards, no longer a reservation the
+            # ledger must keep
+            self.released.add(name)
+            ref = pod_info(name).ref
+            done = await self._attempt(
+                functools.partial(replica.booker.release, ref, reason="done", node=node)
+            )
+            if isinstance(done, Exception):
+                again.append((name, node))
+        return again
 
     async def _plan_and_bind(self, replica: Scheduler, name: str, whole: bool, node: str) -> str:
         request = PlanRequest(
@@ -187,6 +207,7 @@ class Burst:
             for i, r in enumerate(self.replicas)
             if r.booker.quorum is not None
         ]
+        lines += [f"  {t.get_name()} waits in {_awaiting(t)}" for t in self._tasks if not t.done()]
         return "\n".join(lines)
 
     async def wait_binds(self, count: int, *, timeout_s: float = 30.0) -> None:
@@ -290,3 +311,16 @@ async def _health_codes(bus: Bus) -> list[int]:
     finally:
         await sub.unsubscribe()
     return codes
+
+
+def _awaiting(task: asyncio.Task[Any]) -> str:
+    """Where a task is suspended: the chain of coroutines it awaits, innermost last."""
+    frames: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is None:
+            break
+        frames.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    return " > ".join(frames[-8:]) or "nothing (a future)"

@@ -34,10 +34,11 @@ FREEZE_S = 10.0
 LEDGER = streams.kv_stream(streams.KV_ALLOC)
 WRITTEN = (LEDGER, streams.ALLOC, streams.HEALTH)  # the streams the burst writes
 
-# A fault scenario runs once more when its first run fails: a leader election
-# on this loopback cluster now and then outlasts the serving budget when the
-# machine is busy (seen in about one full-suite run in two, never alone); a
-# regression fails both runs, and each failure is still printed.
+# A fault scenario runs once more when its first run fails: on a busy machine
+# a leader election can outlast the serving budget. A regression fails both
+# runs, and each failure is printed with what the replicas answered meanwhile,
+# where each worker waits and where each connection stands
+# (``Burst.why_not_serving``).
 pytestmark = [pytest.mark.timeout(150), pytest.mark.flaky(reruns=1, reruns_delay=2)]
 
 
