@@ -60,7 +60,9 @@ R = TypeVar("R")
 
 _log = logger("hcs.bus")
 _meter = meter("hcs.bus")
-PUBLISHED = TallyCounter("hcs.bus", "hcs_bus_published", description="messages published")
+PUBLISHED = TallyCounter(
+    "hcs_bus_published", description="messages published", meter_name="hcs.bus"
+)
 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"

@@ -169,7 +169,7 @@ class TallyCounter:
     of the scheduler's CPU under a burst). Exported as an observable counter
     of the same name, description and labels, so it reads as one."""
 
-    def __init__(self, meter_name: str, name: str, *, description: str) -> None:
+    def __init__(self, name: str, *, description: str, meter_name: str = "hcs") -> None:
         self.name = name
         self._counts: dict[frozenset[tuple[str, Any]], float] = {}
         meter(meter_name).create_observable_counter(

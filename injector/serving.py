@@ -40,7 +40,9 @@ from injector.tls import ReloadingTls
 _log = logger("hcs.injector")
 _meter = meter("hcs.injector")
 ADMISSIONS = zero_init(
-    TallyCounter("hcs.injector", "hcs_injector_admissions", description="admission answers"),
+    TallyCounter(
+        "hcs_injector_admissions", description="admission answers", meter_name="hcs.injector"
+    ),
     {"result": "allowed"},
 )
 REFUSALS = zero_init(

@@ -159,7 +159,7 @@ def test_a_tally_counter_reads_as_a_counter_of_the_same_name_and_labels() -> Non
     from hcs_bus.telemetry import TallyCounter, metrics_text, zero_init
 
     tally = zero_init(
-        TallyCounter("hcs.test", "hcs_test_tallied", description="things tallied"),
+        TallyCounter("hcs_test_tallied", description="things tallied", meter_name="hcs.test"),
         {"verb": "bind"},
     )
     for verb in ("filter", "filter", "bind"):

@@ -71,7 +71,9 @@ from scheduler.view.state import pod_key
 
 _log = logger("hcs.scheduler.extender")
 _meter = meter("hcs.scheduler")
-CALLS = TallyCounter("hcs.scheduler", "hcs_extender_calls", description="extender calls by verb")
+CALLS = TallyCounter(
+    "hcs_extender_calls", description="extender calls by verb", meter_name="hcs.scheduler"
+)
 REFUSALS = _meter.create_counter(
     "hcs_extender_refusals", description="extender calls refused (HTTP 4xx), by verb and reason"
 )

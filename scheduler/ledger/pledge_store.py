@@ -45,7 +45,9 @@ from scheduler.plan import rules as planning
 from scheduler.plan.pods import PlanAnnotation as Sizing
 
 _log = logger("hcs.scheduler.pledging")
-PLEDGES = TallyCounter("hcs.scheduler", "hcs_scheduler_pledges", description="pledge outcomes")
+PLEDGES = TallyCounter(
+    "hcs_scheduler_pledges", description="pledge outcomes", meter_name="hcs.scheduler"
+)
 MAX_ATTEMPTS = 50  # writes of one key tried before giving up (``hcs_bus.kvcas``)
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(NamespacePledges)

@@ -59,15 +59,15 @@ from scheduler.view.state import ClusterState, DeviceView, NodeView, booked
 
 _log = logger("hcs.scheduler.booking")
 _meter = meter("hcs.scheduler")
-BINDS = TallyCounter("hcs.scheduler", "hcs_scheduler_binds", description="bind outcomes")
+BINDS = TallyCounter("hcs_scheduler_binds", description="bind outcomes", meter_name="hcs.scheduler")
 CONFLICTS = zero_init(
     _meter.create_counter("hcs_scheduler_cas_conflicts", description="KV CAS retries")
 )
 WRITES = zero_init(
     TallyCounter(
-        "hcs.scheduler",
         "hcs_scheduler_node_writes",
         description="node reservation documents written to KV",
+        meter_name="hcs.scheduler",
     )
 )
 BIND_SECONDS = _meter.create_histogram(

@@ -203,7 +203,9 @@ def test_the_grafana_dashboard_only_plots_metrics_the_code_exports() -> None:
         for d in ("agents", "scheduler", "injector", "healer", "hcs_bus")
         for p in (ROOT / d).rglob("*.py")
     )
-    exported = set(re.findall(r'(?:create_[a-z_]+|observe_counter)\(\s*"(hcs_[a-z_]+)"', source))
+    exported = set(
+        re.findall(r'(?:create_[a-z_]+|observe_counter|TallyCounter)\(\s*"(hcs_[a-z_]+)"', source)
+    )
     assert used and used <= exported, f"not exported: {sorted(used - exported)}"
     config_map = by_kind(render("production"), "ConfigMap")["hcs-grafana-dashboard"]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
