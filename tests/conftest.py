@@ -10,7 +10,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from hcs_bus import streams
 from hcs_bus.bus import Bus, connect
@@ -63,8 +63,30 @@ async def bus(bus_settings: BusSettings) -> AsyncIterator[Bus]:
         with contextlib.suppress(NotFoundError):
             await b.js.delete_stream(name)
     await streams.init(b, bus_settings)
+    subjects = [c.subjects[0] for c in streams.stream_configs(bus_settings) if c.subjects]
+    subjects += [streams.kv_subject(kv.bucket) for kv in streams.kv_configs(bus_settings)]
+    for subject in subjects:
+        await _taking(b, subject.replace(">", "probe").replace("*", "probe"))
     yield b
     await b.nc.close()
+
+
+async def _taking(b: Bus, subject: str) -> None:
+    """Until the stream of ``subject`` answers a publish: one it must refuse
+    (the expected last sequence is far ahead), so nothing is stored. A stream
+    created a moment ago can still answer "no responders" (seen once in a
+    full run), and a test's first publish would fail on it."""
+    far = {"Nats-Expected-Last-Sequence": str(2**62)}
+    for _ in range(100):
+        try:
+            await b.js.publish(subject, b"", headers=far, timeout=2.0)
+        except NoStreamResponseError:
+            await asyncio.sleep(0.02)
+            continue
+        except APIError:
+            return  # refused: the stream takes messages on its subjects
+        raise AssertionError(f"the probe on {subject} was stored")
+    raise AssertionError(f"no stream answers on {subject}")
 
 
 @pytest.fixture(autouse=True)

@@ -37,9 +37,8 @@ async def _record(world: World, namespace: str, job: str) -> records.GangRecord:
 async def _shown(world: World) -> list[str]:
     """The waiting gangs in the order ``hcs queue`` shows them."""
     gangs = []
-    for key in await world.kv.keys():
-        if records.is_gang_key(key):
-            gangs.append(records.DECODER.decode((await world.kv.get(key)).value))
+    for entry in await world.gang_entries():
+        gangs.append(records.DECODER.decode(entry.value))
     classes = dict(summarise(world.state.schedulable()).classes)
     found = queue_view.view(
         [],
@@ -175,10 +174,8 @@ async def test_a_gang_that_fits_on_several_classes_is_pinned_to_the_one_that_lea
     assert await (await world.loop()).once() == 1  # rich holds 6 A100s
     if rival_waits:
         await world.submit("rich", "w", size=8, policy=on_a100)  # waits: rich asks too
-    for key in await kv.keys():  # the pins see the records as the replica's KV watch does
-        if records.is_gang_key(key):
-            entry = await kv.get(key)
-            world.pins.known.apply(key, entry.value, entry.revision)
+    for entry in await world.gang_entries():  # the pins see them as the KV watch does
+        world.pins.known.apply(entry.key, entry.value, entry.revision)
     await world.submit("poor", "p", size=2)  # fits on either class now
     pinned = (await _record(world, "poor", "p")).class_key
     # 2 A100s are worth a larger share of the pool than 2 Ascends: with rich

@@ -7,6 +7,7 @@ evicted, Events on both sides) for a namespace owed its guarantee."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import msgspec
 import pytest
 from nats.js.errors import KeyNotFoundError
 
-from hcs_bus import plannotes, streams, subjects, vocabulary
+from hcs_bus import kvkeys, plannotes, streams, subjects, vocabulary
 from hcs_bus.bus import Bus
 from hcs_bus.errors import KubeNotFound
 from hcs_bus.messages import Plan, PlanRequest, Policy, Requests, UsageAlert
@@ -144,6 +145,17 @@ class World:
             pod = _pod(namespace, job, i, size)
             self.kube.pods[pod["metadata"]["name"]] = pod
 
+    async def gang_entries(self) -> list[Any]:
+        """The gang records the ledger holds, each with its revision (the keys
+        listed from the stream, ``hcs_bus.kvkeys``: a KV watch's "no more keys"
+        can come before the last one)."""
+        found = []
+        for key in sorted(await kvkeys.stored_keys(self.bus, streams.KV_ALLOC)):
+            if records.is_gang_key(key):
+                with contextlib.suppress(KeyNotFoundError):  # deleted: its marker is stored
+                    found.append(await self.kv.get(key))
+        return found
+
     async def loop(
         self,
         *,
@@ -151,11 +163,8 @@ class World:
         checkpoint: Callable[[str, str, str], Awaitable[bool]] | None = None,
     ) -> GangLoop:
         known = records.Records()
-        keys = await self.kv.keys()
-        for key in keys:
-            if records.is_gang_key(key):
-                entry = await self.kv.get(key)
-                known.apply(key, entry.value, entry.revision)
+        for entry in await self.gang_entries():
+            known.apply(entry.key, entry.value, entry.revision)
         return GangLoop(
             kube=self.kube,
             kv=self.kv,
