@@ -161,6 +161,10 @@ def observe_counter(
     meter(meter_name).create_observable_counter(name, callbacks=[callback], description=description)
 
 
+_NO_LABELS: frozenset[tuple[str, Any]] = frozenset()
+_log = structlog.get_logger("hcs.telemetry")
+
+
 class TallyCounter:
     """A monotonic counter kept in this process and read when metrics are
     collected: ``add`` is one dict update, where the SDK's ``Counter.add``
@@ -188,8 +192,6 @@ class TallyCounter:
         return [Observation(value, dict(key)) for key, value in self._counts.copy().items()]
 
 
-_NO_LABELS: frozenset[tuple[str, Any]] = frozenset()
-_log = structlog.get_logger("hcs.telemetry")
 Counting = metrics.Counter | TallyCounter
 C = TypeVar("C", metrics.Counter, TallyCounter)
 

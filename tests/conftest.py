@@ -74,8 +74,8 @@ async def bus(bus_settings: BusSettings) -> AsyncIterator[Bus]:
 async def _taking(b: Bus, subject: str) -> None:
     """Until the stream of ``subject`` answers a publish: one it must refuse
     (the expected last sequence is far ahead), so nothing is stored. A stream
-    created a moment ago can still answer "no responders" (seen once in a
-    full run), and a test's first publish would fail on it."""
+    created a moment ago can still answer "no responders", and a test's
+    first publish would fail on it."""
     far = {"Nats-Expected-Last-Sequence": str(2**62)}
     for _ in range(100):
         try:

@@ -185,16 +185,16 @@ class Burst:
                 while not any(t > since for t in self.successes):
                     await asyncio.sleep(0.05)
         except TimeoutError:
-            raise AssertionError(self.why_not_serving(since)) from None
+            raise AssertionError(self.why_not_serving(since, waited_s=timeout_s + 5.0)) from None
         return min(t for t in self.successes if t > since) - since
 
-    def why_not_serving(self, since: float) -> str:
+    def why_not_serving(self, since: float, *, waited_s: float) -> str:
         """What the replicas answered since ``since`` instead of a bind, each
         kind of failure counted, and where each connection and quorum watch
         stands: enough to tell a slow election from a stuck client."""
         seen = collections.Counter(why for t, why in self.errors if t > since)
         last = max(self.successes, default=since) - since
-        lines = [f"no bind answered within {SERVING_WITHIN_S + 5:g} s of {since:.2f}"]
+        lines = [f"no bind answered within {waited_s:g} s of {since:.2f}"]
         lines.append(f"last answered bind {last:+.2f} s from then")
         lines += [f"  {n} x {why}" for why, n in seen.most_common(8)]
         for bus in self.buses:
