@@ -13,6 +13,13 @@ Measured: client-side p50/p99 for a GPU pod (plan round-trip and patch) and
 for a pass-through pod, server-side handler time for the pass-through, and
 the bare echo. Targets: p99 <= 10 ms with a plan; pass-through <= 1 ms
 server-side.
+
+Also the server process's CPU per request, each case alone: back to back,
+and paced at ``--paced-per-s`` (default 70, a burst's admission rate on a
+small machine), one request at a time. A process woken for each request
+runs on cold caches and pays several times what the same work costs back
+to back; the paced column is the one to set against ``bench.throughput``'s
+injector CPU per pod, and the bare echo's is its floor.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import uvloop
 from aiohttp import web
 
+from bench.burst import cpu_s
 from bench.fleets import of_profile
 from hcs_bus import subjects
 from hcs_bus.bus import connect
@@ -300,11 +309,20 @@ def run_servers(url: str, certs: DevCerts, ready: Any, stop: Any) -> None:
         await injector.stop()
         await bus.drain()
 
-    asyncio.run(main())
+    uvloop.run(main())  # the loop the injector runs on (hcs_bus.tasks.run_part)
 
 
 # ---------------------------------------------------------------- client --
-async def measure(session: aiohttp.ClientSession, url: str, body: bytes, n: int) -> list[float]:
+async def measure(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    n: int,
+    *,
+    gap_s: float = 0.0,
+) -> list[float]:
+    """Client-side seconds of ``n`` requests, one at a time, each started
+    ``gap_s`` after the last answer (0: back to back)."""
     headers = {"Content-Type": "application/json"}
     for _ in range(min(200, n)):  # warm up
         async with session.post(url, data=body, headers=headers) as resp:
@@ -316,7 +334,25 @@ async def measure(session: aiohttp.ClientSession, url: str, body: bytes, n: int)
             answer = await resp.read()
         out.append(time.perf_counter() - started)
         assert resp.status == 200, answer
+        if gap_s:
+            await asyncio.sleep(gap_s)
     return out
+
+
+async def cpu_per_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    n: int,
+    *,
+    server_pid: int,
+    gap_s: float = 0.0,
+) -> tuple[float, list[float]]:
+    """The server process's CPU milliseconds per request over ``measure``."""
+    await measure(session, url, body, min(200, n))  # the warm-up, not counted
+    before = cpu_s(server_pid)
+    times = await measure(session, url, body, n, gap_s=gap_s)
+    return (cpu_s(server_pid) - before) / n * 1000, times
 
 
 def pct(values: list[float], q: float) -> float:
@@ -324,7 +360,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def client(webhook: str, baseline: str, certs: DevCerts, n: int) -> list[tuple[str, ...]]:
+async def client(
+    webhook: str,
+    baseline: str,
+    certs: DevCerts,
+    n: int,
+    *,
+    server_pid: int,
+    paced_per_s: float,
+) -> list[tuple[str, ...]]:
     context = ssl.create_default_context(cafile=str(certs.ca_file))
     gpu = json.dumps(review(gpu=True)).encode()
     plain = json.dumps(review(gpu=False)).encode()
@@ -339,7 +383,10 @@ async def client(webhook: str, baseline: str, certs: DevCerts, n: int) -> list[t
             ("bare TLS echo, same review", baseline, plain),
             ("bare TLS echo, GPU review", baseline, gpu),
         ):
-            times = await measure(s, url, body, n)
+            hot, times = await cpu_per_request(s, url, body, n, server_pid=server_pid)
+            paced, _ = await cpu_per_request(
+                s, url, body, max(1, n // 4), server_pid=server_pid, gap_s=1 / paced_per_s
+            )
             server = ""
             if url == webhook:
                 async with s.get(webhook.replace("/mutate", "/bench-timings")) as resp:
@@ -352,9 +399,11 @@ async def client(webhook: str, baseline: str, certs: DevCerts, n: int) -> list[t
                     f"{pct(times, 0.99):.3f}",
                     f"{statistics.mean(times) * 1000:.3f}",
                     server,
+                    f"{hot:.2f}",
+                    f"{paced:.2f}",
                 )
             )
-    rows.append(("(GPU pod answer)", outcome, "", "", ""))
+    rows.append(("(GPU pod answer)", outcome, "", "", "", "", ""))
     return rows
 
 
@@ -362,6 +411,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.webhook")
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--paced-per-s",
+        type=float,
+        default=70.0,
+        help="the rate of the paced CPU column (requests a second, one at a time)",
+    )
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     nats = NatsServer().start()
@@ -378,7 +433,16 @@ def main() -> None:
         try:
             planner = q_plan.get(timeout=120)
             webhook, baseline = q_srv.get(timeout=60)
-            rows = asyncio.run(client(webhook, baseline, certs, args.requests))
+            rows = asyncio.run(
+                client(
+                    webhook,
+                    baseline,
+                    certs,
+                    args.requests,
+                    server_pid=procs[1].pid or 0,
+                    paced_per_s=args.paced_per_s,
+                )
+            )
         finally:
             stop.set()
             for proc in procs:
@@ -388,11 +452,23 @@ def main() -> None:
             nats.cleanup()
     print(f"planner: {planner}")
     print(f"requests per row: {args.requests}, sequential, one keep-alive TLS connection")
-    header = ("case", "p50 ms", "p99 ms", "mean ms", "server p50/p99 ms")
+    header = (
+        "case",
+        "p50 ms",
+        "p99 ms",
+        "mean ms",
+        "server p50/p99 ms",
+        "CPU ms/req",
+        f"CPU ms/req at {args.paced_per_s:g}/s",
+    )
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
     print("targets: GPU pod p99 <= 10 ms; pass-through <= 1 ms server-side")
+    print(
+        "CPU: the server process (webhook and echo in one), back to back and paced; "
+        "the paced GPU row is what bench.throughput's injector CPU per pod compares with"
+    )
 
 
 if __name__ == "__main__":

@@ -4,11 +4,11 @@ Logs: structlog with contextvars, JSON lines (or console for humans); every
 event passes ``hcs_bus.redacting.redact_event`` last, so a NATS password or
 token in a URL, an error or a traceback never reaches the output.
 Traces: an OpenTelemetry TracerProvider; W3C ``traceparent`` travels in NATS
-headers through ``hcs_bus.bus`` only. A part without ``otlp_endpoint`` starts
-no sampled trace of its own (its spans would go nowhere; a recorded span
-costs ~25 µs, an unrecorded one 9, and a pod passes through several): it
-still follows a sampled parent, so a trace an exporting part began keeps its
-flag through it. Metrics: an OpenTelemetry
+headers through ``hcs_bus.bus`` only. A part without ``otlp_endpoint``
+starts no span of its own and passes no trace context on (``span``): its
+spans would go nowhere, and an unrecorded one still costs its part about a
+tenth of a pod's admission. It still follows a parent it is handed, so a
+trace an exporting part began keeps its flag through it. Metrics: an OpenTelemetry
 MeterProvider exported to Prometheus (``metrics_text()`` serves ``/metrics``),
 without exemplars (the Prometheus text format carries none; offering one cost
 each measurement in a recorded span over a third of its time).
@@ -48,13 +48,14 @@ SECONDS_BUCKETS: tuple[float, ...] = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 _tracer_provider: trace.TracerProvider | None = None  # None: the global one
+_own_roots = True  # False: configured without an exporter (``span`` starts no root)
 _tracers: dict[tuple[str, int], tuple[trace.TracerProvider, trace.Tracer]] = {}
 _zeroed: list[tuple[Counting, tuple[Mapping[str, str], ...]]] = []
 
 
 def configure(settings: TelemetrySettings, *, service: str | None = None) -> None:
     """Configure logging, tracing and metrics once per process."""
-    global _configured
+    global _configured, _own_roots
     level = logging.getLevelNamesMapping().get(settings.log_level.upper(), logging.INFO)
     renderer: Any = (
         structlog.processors.JSONRenderer()
@@ -78,6 +79,7 @@ def configure(settings: TelemetrySettings, *, service: str | None = None) -> Non
         return
     _configured = True
     resource = Resource.create({"service.name": service or settings.service_name})
+    _own_roots = bool(settings.otlp_endpoint)
     if settings.otlp_endpoint:  # OTEL_TRACES_SAMPLER, when set, picks the sampler
         provider = TracerProvider(resource=resource)
         exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint.rstrip("/") + "/v1/traces")
@@ -220,11 +222,27 @@ def span(
     attributes: Mapping[str, Any] | None = None,
 ) -> Iterator[None]:
     """A span around a block: a child of ``traceparent`` (W3C) or of the
-    context in message ``headers`` when given, else of the current span."""
+    context in message ``headers`` when given, else of the current span.
+
+    With no parent of either kind, in a part configured without an exporter
+    (``otlp_endpoint``), no span at all: a root there is never recorded, and
+    the unsampled context it would pass on only stops the parts after it
+    from recording roots of their own."""
     carrier = dict(headers or {}) | ({TRACEPARENT: traceparent} if traceparent else {})
+    if TRACEPARENT not in carrier and not _roots_here():
+        yield
+        return
     parent = extract(carrier) if carrier else None
     with tracer("hcs").start_as_current_span(name, context=parent, attributes=attributes):
         yield
+
+
+def _roots_here() -> bool:
+    """Whether a span with no parent handed to it is started: in a part with
+    an exporter (or under ``tracing_into``), or inside a span already open."""
+    if _own_roots or _tracer_provider is not None:
+        return True
+    return trace.get_current_span().get_span_context().is_valid
 
 
 def current_traceparent() -> str | None:
