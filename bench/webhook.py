@@ -19,7 +19,10 @@ and paced at ``--paced-per-s`` (default 70, a burst's admission rate on a
 small machine), one request at a time. A process woken for each request
 runs on cold caches and pays several times what the same work costs back
 to back; the paced column is the one to set against ``bench.throughput``'s
-injector CPU per pod, and the bare echo's is its floor.
+injector CPU per pod, and the bare echo's is its floor. The last line
+shows the same effect without any I/O: the admission rules alone in this
+process (``Admitter.admit``, the plan answered in the process), called in
+a loop and called after sleeping ``1 / --paced-per-s`` each time.
 """
 
 from __future__ import annotations
@@ -355,6 +358,44 @@ async def cpu_per_request(
     return (cpu_s(server_pid) - before) / n * 1000, times
 
 
+def rules_alone(n: int, *, gap_s: float) -> float:
+    """CPU milliseconds per ``Admitter.admit`` of the GPU review in this
+    process (no TLS, HTTP or NATS; a fixed plan), sleeping ``gap_s`` before
+    each call (0: back to back)."""
+    fixed = Plan(
+        ok=True,
+        vendor="nvidia",
+        model="A100-80G",
+        models=("A100-80G",),
+        devices=2,
+        vram_mib_per_device=16384,
+        acu_per_device=100.0,
+        pledge="bench-pledge",
+    )
+
+    async def planner(_request: PlanRequest, _timeout_s: float) -> Plan:
+        return fixed
+
+    async def calls() -> float:
+        injector = Injector(
+            None, Settings(), planner=planner, ssl_context=ssl.create_default_context()
+        )
+        bodies = [json.dumps(review(gpu=True, uid=f"uid-{i}")).encode() for i in range(n + 50)]
+        for body in bodies[:50]:  # warm up
+            await injector.admitter.admit(body, budget_s=2.0)
+        spent = 0.0
+        for body in bodies[50:]:
+            if gap_s:
+                await asyncio.sleep(gap_s)  # the process asleep, as between two admissions
+            started = time.process_time()
+            answer = await injector.admitter.admit(body, budget_s=2.0)
+            spent += time.process_time() - started
+            assert answer.result == "patched", answer
+        return spent / n * 1000
+
+    return uvloop.run(calls())
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -464,6 +505,14 @@ def main() -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    _quiet()
+    hot = rules_alone(max(1, args.requests // 4), gap_s=0.0)
+    cold = rules_alone(max(1, args.requests // 4), gap_s=1 / args.paced_per_s)
+    print(
+        f"admission rules alone, in process (GPU review, plan answered here): "
+        f"{hot:.2f} ms CPU a call back to back, {cold:.2f} ms after sleeping "
+        f"{1000 / args.paced_per_s:.0f} ms"
+    )
     print("targets: GPU pod p99 <= 10 ms; pass-through <= 1 ms server-side")
     print(
         "CPU: the server process (webhook and echo in one), back to back and paced; "
