@@ -63,6 +63,19 @@ CLASSES = (
 )
 
 
+# A plan for the GPU review's two devices (the responder's when the
+# scheduler's planner is not importable, and the in-process rules').
+FIXED_PLAN = Plan(
+    ok=True,
+    vendor="nvidia",
+    model="A100-80G",
+    models=("A100-80G",),
+    devices=2,
+    vram_mib_per_device=16384,
+    acu_per_device=100.0,
+)
+
+
 # ------------------------------------------------------------ documents --
 def review(*, gpu: bool, uid: str = "0b7a3c1e-4f2d-4e8a-9b6c-1d2e3f4a5b6c") -> dict[str, Any]:
     """A CREATE review shaped like admission-review-pod-create-request.json."""
@@ -186,15 +199,7 @@ def _known(db: Any, key: str) -> bool:
 
 
 def make_planner(nodes: int) -> tuple[str, Any]:
-    fixed = Plan(
-        ok=True,
-        vendor="nvidia",
-        model="A100-80G",
-        models=("A100-80G",),
-        devices=2,
-        vram_mib_per_device=16384,
-        acu_per_device=100.0,
-    )
+    fixed = FIXED_PLAN
     try:
         from hcs_bus import profiles
         from scheduler.plan import rules as planning
@@ -362,19 +367,9 @@ def rules_alone(n: int, *, gap_s: float) -> float:
     """CPU milliseconds per ``Admitter.admit`` of the GPU review in this
     process (no TLS, HTTP or NATS; a fixed plan), sleeping ``gap_s`` before
     each call (0: back to back)."""
-    fixed = Plan(
-        ok=True,
-        vendor="nvidia",
-        model="A100-80G",
-        models=("A100-80G",),
-        devices=2,
-        vram_mib_per_device=16384,
-        acu_per_device=100.0,
-        pledge="bench-pledge",
-    )
 
     async def planner(_request: PlanRequest, _timeout_s: float) -> Plan:
-        return fixed
+        return FIXED_PLAN
 
     async def calls() -> float:
         injector = Injector(
