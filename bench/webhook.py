@@ -332,9 +332,6 @@ async def measure(
     """Client-side seconds of ``n`` requests, one at a time, each started
     ``gap_s`` after the last answer (0: back to back)."""
     headers = {"Content-Type": "application/json"}
-    for _ in range(min(200, n)):  # warm up
-        async with session.post(url, data=body, headers=headers) as resp:
-            await resp.read()
     out = []
     for _ in range(n):
         started = time.perf_counter()
@@ -356,11 +353,18 @@ async def cpu_per_request(
     server_pid: int,
     gap_s: float = 0.0,
 ) -> tuple[float, list[float]]:
-    """The server process's CPU milliseconds per request over ``measure``."""
-    await measure(session, url, body, min(200, n))  # the warm-up, not counted
+    """The server process's CPU milliseconds per request over ``measure``,
+    after a warm-up of back-to-back requests that is not counted."""
+    await measure(session, url, body, min(200, n))
     before = cpu_s(server_pid)
     times = await measure(session, url, body, n, gap_s=gap_s)
     return (cpu_s(server_pid) - before) / n * 1000, times
+
+
+async def handler_times(session: aiohttp.ClientSession, webhook: str) -> list[float]:
+    """The webhook handler's seconds since the last call (the server forgets them)."""
+    async with session.get(webhook.replace("/mutate", "/bench-timings")) as resp:
+        return json.loads(await resp.text())  # type: ignore[no-any-return]
 
 
 def rules_alone(n: int, *, gap_s: float) -> float:
@@ -420,14 +424,15 @@ async def client(
             ("bare TLS echo, GPU review", baseline, gpu),
         ):
             hot, times = await cpu_per_request(s, url, body, n, server_pid=server_pid)
+            server = ""
+            if url == webhook:  # the handler times of the back-to-back requests
+                handler = await handler_times(s, webhook)
+                server = f"{pct(handler, 0.5):.3f} / {pct(handler, 0.99):.3f}"
             paced, _ = await cpu_per_request(
                 s, url, body, max(1, n // 4), server_pid=server_pid, gap_s=1 / paced_per_s
             )
-            server = ""
             if url == webhook:
-                async with s.get(webhook.replace("/mutate", "/bench-timings")) as resp:
-                    handler = json.loads(await resp.text())
-                server = f"{pct(handler, 0.5):.3f} / {pct(handler, 0.99):.3f}"
+                await handler_times(s, webhook)  # the paced ones: not the next case's
             rows.append(
                 (
                     name,
