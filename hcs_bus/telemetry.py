@@ -6,12 +6,13 @@ token in a URL, an error or a traceback never reaches the output.
 Traces: an OpenTelemetry TracerProvider; W3C ``traceparent`` travels in NATS
 headers through ``hcs_bus.bus`` only. A part without ``otlp_endpoint``
 starts no span of its own and passes no trace context on (``span``): its
-spans would go nowhere, and an unrecorded one still costs its part about a
-tenth of a pod's admission. It still follows a parent it is handed, so a
-trace an exporting part began keeps its flag through it. Metrics: an OpenTelemetry
-MeterProvider exported to Prometheus (``metrics_text()`` serves ``/metrics``),
-without exemplars (the Prometheus text format carries none; offering one cost
-each measurement in a recorded span over a third of its time).
+spans would go nowhere, and unrecorded ones still cost the injector a
+quarter of an admission's CPU back to back (``bench.webhook``). It still
+follows a parent it is handed, so a trace an exporting part began keeps its
+flag through it. Metrics: an OpenTelemetry MeterProvider exported to
+Prometheus (``metrics_text()`` serves ``/metrics``), without exemplars (the
+Prometheus text format carries none; offering one cost each measurement in
+a recorded span over a third of its time).
 """
 
 from __future__ import annotations
