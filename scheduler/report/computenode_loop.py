@@ -6,7 +6,13 @@ status, so ``kubectl get computenodes`` shows the fleet.
   ``deploy/base/crds/computenodes.yaml``).
 * ``Mirror`` — replays ``HCS_FP`` (last per node) and ``HCS_HEALTH`` (verdicts)
   and writes at most one status per node per ``min_interval_s``; the latest
-  state always gets written (a newer one replaces a pending one). A
+  state always gets written (a newer one replaces a pending one). A report
+  that changes only the node's readings (``READINGS``: ``lastReport``,
+  ``observedSeq``, free VRAM, health scores) is written once the node's
+  last write is ``refresh_s`` old (300 s, as kubelet's node status report
+  frequency), so a quiet fleet costs the API server one PATCH per node per
+  ``refresh_s`` instead of one per report; a change of anything else (health,
+  a verdict, a device out or gone) is written at once. A
   fingerprint older in (boot, seq) than the one held never replaces it
   (``hcs_bus.ordering``); ``lastReport`` is when the bus server received the
   one held, never the agent's clock; a fingerprint claiming a boot in the
@@ -42,6 +48,11 @@ from scheduler.view import outages
 
 _log = logger("hcs.mirror")
 HEALTH_RANK = {"healthy": 0, "degraded": 1, "failed": 2}
+REFRESH_S = 300.0  # longest a node's readings wait for a write when nothing else changed
+# fields of a status (and of its devices) that change with every report or
+# with the workload: on their own they are written every ``refresh_s``
+READINGS = frozenset({"lastReport", "observedSeq", "vramFree"})
+DEVICE_READINGS = frozenset({"vramFree", "healthScore"})
 
 
 class StatusWriter(Protocol):
@@ -133,23 +144,39 @@ def node_status(
     return status
 
 
+def state_of(status: Mapping[str, Any]) -> dict[str, Any]:
+    """``status`` without its readings (``READINGS``, ``DEVICE_READINGS``):
+    what, when it changes, is written at once."""
+    state = {k: v for k, v in status.items() if k not in READINGS and k != "deviceList"}
+    state["deviceList"] = [
+        {k: v for k, v in d.items() if k not in DEVICE_READINGS}
+        for d in status.get("deviceList", ())
+    ]
+    return state
+
+
 @dataclass
 class Mirror:
-    """Writes ComputeNode status from the bus, at most once per node per interval."""
+    """Writes ComputeNode status from the bus, at most once per node per
+    interval; readings alone at most once per ``refresh_s``."""
 
     bus: Bus
     kube: StatusWriter
     min_interval_s: float = 10.0
+    refresh_s: float = REFRESH_S
     clock_skew_tolerance_s: float = DEFAULT_CLOCK_SKEW_TOLERANCE_S
     fingerprints: dict[str, NodeFingerprint] = field(default_factory=dict)
     received: dict[str, float] = field(default_factory=dict)  # node → server receive time
     verdicts: dict[str, HealthEvent] = field(default_factory=dict)
     outs: dict[str, dict[int, outages.Outage]] = field(default_factory=dict)
-    written: dict[str, float] = field(default_factory=dict)
+    written: dict[str, float] = field(default_factory=dict)  # node → loop time of its last write
+    sent: dict[str, dict[str, Any]] = field(default_factory=dict)  # node → ``state_of`` written
     writes: int = 0
+    held: int = 0  # reports whose readings alone waited for ``refresh_s``
     leading: bool = True  # False: follow the bus, write nothing (another replica leads)
     order: FingerprintOrder = field(default_factory=FingerprintOrder)
     _dirty: set[str] = field(default_factory=set)
+    _quiet: dict[str, float] = field(default_factory=dict)  # node → when its readings are due
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
@@ -203,6 +230,8 @@ class Mirror:
         self.leading = leading
         if leading:
             self.written.clear()
+            self.sent.clear()
+            self._quiet.clear()
             for node in self.fingerprints:
                 self._mark(node)
 
@@ -221,29 +250,39 @@ class Mirror:
             due = [
                 n for n in self._dirty if now - self.written.get(n, -1e18) >= self.min_interval_s
             ]
+            due += [n for n, at in self._quiet.items() if at <= now and n not in self._dirty]
             for node in due:
                 self._dirty.discard(node)
                 await self._write(node, now=now)
-            if self._dirty:
+            if self._dirty or self._quiet:
                 # a node first marked while a write was awaited has no `written` yet: due now
-                wait_s = min(self.written.get(n, now) + self.min_interval_s for n in self._dirty)
-                wait_s -= now
+                at = [self.written.get(n, now) + self.min_interval_s for n in self._dirty]
+                wait_s = min(at + list(self._quiet.values())) - now
                 loop.call_later(max(wait_s, 0.0), self._wake.set)
 
     async def _write(self, node: str, *, now: float) -> None:
         fp = self.fingerprints.get(node)
         if fp is None:
             return  # a verdict before any fingerprint: written with the first one
+        status = node_status(
+            fp,
+            verdict=self.verdicts.get(node),
+            out=self.outs.get(node),
+            received_s=self.received.get(node) or None,
+        )
+        state = state_of(status)
+        last = self.written.get(node)
+        if last is not None and self.sent.get(node) == state and now - last < self.refresh_s:
+            self._quiet[node] = last + self.refresh_s  # only readings changed: they wait
+            self.held += 1
+            return
+        self._quiet.pop(node, None)
+        self.sent.pop(node, None)
         self.written[node] = now
         try:
-            status = node_status(
-                fp,
-                verdict=self.verdicts.get(node),
-                out=self.outs.get(node),
-                received_s=self.received.get(node) or None,
-            )
             await self.kube.patch_compute_node_status(node, status)
             self.writes += 1
+            self.sent[node] = state
         except KubeError as exc:
             _log.warning("computenode_write_failed", node=node, error=str(exc))
             self._mark(node)

@@ -28,7 +28,9 @@ T0 = 1_700_000_000.0
 async def test_only_the_lease_holder_writes_and_the_other_takes_over_when_it_dies(
     bus: Bus, kube: Kube, apiserver: ApiServer
 ) -> None:
-    mirrors = [Mirror(bus, kube, min_interval_s=0.0, leading=False) for _ in range(2)]
+    mirrors = [
+        Mirror(bus, kube, min_interval_s=0.0, refresh_s=0.0, leading=False) for _ in range(2)
+    ]
     leaders = [
         Leader(kube, identity=f"mirror-{i}", settings=TERMS, on_change=m.lead)
         for i, m in enumerate(mirrors)

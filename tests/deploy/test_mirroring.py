@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
+
 from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
 from hcs_bus.messages import Compute, DeviceFingerprint, HealthEvent, NodeFingerprint
-from scheduler.report.computenode_loop import Mirror, node_status
+from scheduler.report.computenode_loop import Mirror, node_status, state_of
 from tests.apiserver import ApiServer
 
 
@@ -106,7 +108,7 @@ async def test_the_mirror_creates_and_updates_compute_nodes_from_the_bus(
 async def test_the_mirror_writes_a_busy_node_at_most_once_per_interval_but_keeps_the_latest(
     bus: Bus, kube: Kube, apiserver: ApiServer
 ) -> None:
-    mirror = Mirror(bus, kube, min_interval_s=0.3)
+    mirror = Mirror(bus, kube, min_interval_s=0.3, refresh_s=0.0)  # every report's readings
     await mirror.start()
     try:
         for seq in range(1, 21):
@@ -146,3 +148,59 @@ async def test_nodes_arriving_while_a_write_is_under_way_are_written_too(
     finally:
         await mirror.stop()
     assert set(names) <= set(apiserver.computenodes)
+
+
+def status_of(apiserver: ApiServer, node: str) -> dict[str, Any]:
+    found: dict[str, Any] = apiserver.computenodes.get(node, {}).get("status", {})
+    return found
+
+
+def busier(seq: int, **kw: Any) -> NodeFingerprint:
+    """gpu-node-c's report ``seq`` with its second device's free VRAM changed."""
+    second = msgspec.structs.replace(device(1), vram_free_mib=1024 * seq)
+    return fingerprint("gpu-node-c", seq=seq, devices=kw.pop("devices", (device(0), second)), **kw)
+
+
+def test_the_state_of_a_status_leaves_its_readings_out() -> None:
+    quiet, busy = node_status(fingerprint(seq=1)), node_status(busier(7))
+    assert quiet["observedSeq"] != busy["observedSeq"] and quiet["vramFree"] != busy["vramFree"]
+    assert state_of(quiet) == state_of(busy)
+    failing = node_status(busier(7, devices=(device(0), device(1, error="fallen off the bus"))))
+    assert state_of(failing) != state_of(busy)
+
+
+async def test_readings_alone_wait_for_the_refresh_but_a_failing_device_is_written_at_once(
+    bus: Bus, kube: Kube, apiserver: ApiServer
+) -> None:
+    mirror = Mirror(bus, kube, min_interval_s=0.0, refresh_s=600.0)
+    await mirror.start()
+    try:
+        await bus.publish(subjects.fp("gpu-node-c"), busier(1), msg_id="c:1")
+        await until(lambda: status_of(apiserver, "gpu-node-c").get("observedSeq") == 1)
+        await bus.publish(subjects.fp("gpu-node-c"), busier(2), msg_id="c:2")
+        await until(lambda: mirror.held == 1)
+        assert status_of(apiserver, "gpu-node-c")["observedSeq"] == 1 and mirror.writes == 1
+        lost = (device(0), device(1, error="fallen off the bus"))
+        await bus.publish(subjects.fp("gpu-node-c"), busier(3, devices=lost), msg_id="c:3")
+        await until(lambda: status_of(apiserver, "gpu-node-c").get("health") == "failed")
+    finally:
+        await mirror.stop()
+    assert status_of(apiserver, "gpu-node-c")["observedSeq"] == 3 and mirror.writes == 2
+
+
+async def test_held_readings_are_written_once_the_refresh_comes_even_when_reports_stop(
+    bus: Bus, kube: Kube, apiserver: ApiServer
+) -> None:
+    mirror = Mirror(bus, kube, min_interval_s=0.0, refresh_s=0.5)
+    await mirror.start()
+    try:
+        await bus.publish(subjects.fp("gpu-node-c"), busier(1), msg_id="r:1")
+        await until(lambda: status_of(apiserver, "gpu-node-c").get("observedSeq") == 1)
+        first = mirror.written["gpu-node-c"]
+        await bus.publish(subjects.fp("gpu-node-c"), busier(2), msg_id="r:2")
+        await until(lambda: mirror.held == 1)
+        await until(lambda: status_of(apiserver, "gpu-node-c").get("observedSeq") == 2)
+    finally:
+        await mirror.stop()
+    assert mirror.written["gpu-node-c"] - first >= 0.5 and mirror.writes == 2
+    assert status_of(apiserver, "gpu-node-c")["deviceList"][1]["vramFree"] == "2Gi"
