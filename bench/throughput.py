@@ -26,7 +26,8 @@ first in even ones. Printed per burst and as medians: pods bound per second
 (first create → last bound), create → bound p50/p99, admissions refused
 (with ``hcs_injector_refusals_total`` by reason), CPU ms per pod of each
 process less its load at rest (``settled_rest``: taken once the fresh
-cluster has settled), the HCS scheduler's RSS; then each round's
+cluster has settled and the mirror has written every ComputeNode once), the
+HCS scheduler's RSS; then each round's
 ratio and, last, ``ratio bound/s hcs/plain: X at N nodes``.
 
 ``--profile`` samples the HCS scheduler with py-spy through the first HCS
@@ -149,6 +150,24 @@ def create_nodes(cluster: Cluster, fleet: Path, *, plain_per_node: int, workers:
     ]
     if tainted:
         raise AssertionError(f"nodes still tainted {NOT_READY_TAINT}: {tainted[:5]}")
+
+
+def wait_mirrored(cluster: Cluster, names: list[str], *, poll_s: float = 2.0) -> float:
+    """Until the mirror has written every node's ComputeNode status once (its
+    first writes are one PATCH per node, start-up work like the Nodes'
+    labels); the seconds it took. Polled every ``poll_s``: each poll lists
+    every ComputeNode."""
+    wanted, started = set(names), time.monotonic()
+    deadline = started + max(120.0, len(names) / 20)
+    while True:
+        items = cluster.api.items("/apis/hcs.io/v1alpha1/computenodes")
+        written = {i["metadata"]["name"] for i in items if i.get("status", {}).get("observedSeq")}
+        if wanted <= written:
+            return time.monotonic() - started
+        if time.monotonic() > deadline:
+            missing = len(wanted - written)
+            raise AssertionError(f"timed out waiting for {missing} ComputeNode statuses")
+        time.sleep(poll_s)
 
 
 def raise_client_limits(cluster: Cluster, *, qps: int) -> None:
@@ -460,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=max(120.0, len(names) / 20),
         )
         print(f"labelled and in HCS's view after {time.monotonic() - t0:.1f} s", flush=True)
+        wait_mirrored(cluster, names)
+        print(f"every ComputeNode written after {time.monotonic() - t0:.1f} s", flush=True)
         # each window spans a report period at least: the agents' reports come
         # in waves, and a shorter window holds one wave or none
         window_s = max(args.rest_s, args.report_interval_s)

@@ -9,10 +9,12 @@ status, so ``kubectl get computenodes`` shows the fleet.
   state always gets written (a newer one replaces a pending one). A report
   that changes only the node's readings (``READINGS``: ``lastReport``,
   ``observedSeq``, free VRAM, health scores) is written once the node's
-  last write is ``refresh_s`` old (300 s, as kubelet's node status report
-  frequency), so a quiet fleet costs the API server one PATCH per node per
-  ``refresh_s`` instead of one per report; a change of anything else (health,
-  a verdict, a device out or gone) is written at once. A
+  last write is ``refresh_after_s(node)`` old (between 3/4 of ``refresh_s``
+  and ``refresh_s``, 300 s as kubelet's node status report frequency; a
+  fixed share per node, so the refreshes of a fleet written in one wave at
+  start spread over the period), so a quiet fleet costs the API server one
+  PATCH per node per few minutes instead of one per report; a change of
+  anything else (health, a verdict, a device out or gone) is written at once. A
   fingerprint older in (boot, seq) than the one held never replaces it
   (``hcs_bus.ordering``); ``lastReport`` is when the bus server received the
   one held, never the agent's clock; a fingerprint claiming a boot in the
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,6 +52,7 @@ from scheduler.view import outages
 _log = logger("hcs.mirror")
 HEALTH_RANK = {"healthy": 0, "degraded": 1, "failed": 2}
 REFRESH_S = 300.0  # longest a node's readings wait for a write when nothing else changed
+REFRESH_SPREAD = 0.25  # a node's own period is refresh_s less up to this share of it
 # fields of a status (and of its devices) that change with every report or
 # with the workload: on their own they are written every ``refresh_s``
 READINGS = frozenset({"lastReport", "observedSeq", "vramFree"})
@@ -225,6 +229,14 @@ class Mirror:
                 self.outs[event.node] = outages.track(self.outs.get(event.node, {}), event)
                 self._mark(event.node)
 
+    def refresh_after_s(self, node: str) -> float:
+        """How long ``node``'s readings alone wait after its last write: a
+        fixed share of ``refresh_s`` between ``1 - REFRESH_SPREAD`` and 1
+        (from the CRC-32 of its name), so nodes first written together drift
+        apart and their refreshes spread over the period."""
+        share = zlib.crc32(node.encode()) / 2**32
+        return self.refresh_s * (1.0 - REFRESH_SPREAD * share)
+
     def lead(self, leading: bool) -> None:
         """Start or stop writing; a new leader writes every node it holds."""
         self.leading = leading
@@ -271,9 +283,9 @@ class Mirror:
             received_s=self.received.get(node) or None,
         )
         state = state_of(status)
-        last = self.written.get(node)
-        if last is not None and self.sent.get(node) == state and now - last < self.refresh_s:
-            self._quiet[node] = last + self.refresh_s  # only readings changed: they wait
+        last, after_s = self.written.get(node), self.refresh_after_s(node)
+        if last is not None and self.sent.get(node) == state and now - last < after_s:
+            self._quiet[node] = last + after_s  # only readings changed: they wait
             self.held += 1
             return
         self._quiet.pop(node, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 import msgspec
@@ -202,5 +203,18 @@ async def test_held_readings_are_written_once_the_refresh_comes_even_when_report
         await until(lambda: status_of(apiserver, "gpu-node-c").get("observedSeq") == 2)
     finally:
         await mirror.stop()
-    assert mirror.written["gpu-node-c"] - first >= 0.5 and mirror.writes == 2
+    waited = mirror.written["gpu-node-c"] - first
+    assert waited >= mirror.refresh_after_s("gpu-node-c") and mirror.writes == 2
     assert status_of(apiserver, "gpu-node-c")["deviceList"][1]["vramFree"] == "2Gi"
+
+
+def test_each_node_has_its_own_refresh_period_so_a_fleet_written_at_once_spreads_out(
+    bus: Bus, kube: Kube
+) -> None:
+    mirror = Mirror(bus, kube, refresh_s=300.0)
+    periods = [mirror.refresh_after_s(f"node-{n}") for n in range(1000)]
+    assert all(225.0 <= p <= 300.0 for p in periods)
+    assert periods == [mirror.refresh_after_s(f"node-{n}") for n in range(1000)]  # fixed
+    # nodes first written together: their fourth refreshes fall in every quarter of the period
+    quarters = collections.Counter(int((4 * p) % 300.0 // 75.0) for p in periods)
+    assert len(quarters) == 4 and min(quarters.values()) > 150, quarters
