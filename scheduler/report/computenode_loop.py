@@ -45,7 +45,7 @@ from hcs_bus.errors import KubeError
 from hcs_bus.leases import Leader, LeaseTerms, identity
 from hcs_bus.messages import HealthEvent, NodeFingerprint
 from hcs_bus.ordering import FingerprintOrder
-from hcs_bus.telemetry import logger
+from hcs_bus.telemetry import TallyCounter, logger, zero_init
 from hcs_bus.units import format_mib
 from scheduler.view import outages
 
@@ -57,10 +57,31 @@ REFRESH_SPREAD = 0.25  # a node's own period is refresh_s less up to this share 
 # with the workload: on their own they are written every ``refresh_s``
 READINGS = frozenset({"lastReport", "observedSeq", "vramFree"})
 DEVICE_READINGS = frozenset({"vramFree", "healthScore"})
+STATUS_WRITES = zero_init(
+    TallyCounter(
+        "hcs_mirror_status_writes",
+        description="ComputeNode status writes: changed (first, or more than readings), "
+        "refresh (readings alone, at the node's period), failed",
+        meter_name="hcs.mirror",
+    ),
+    {"reason": "changed"},
+    {"reason": "refresh"},
+    {"reason": "failed"},
+)
+READINGS_HELD = zero_init(
+    TallyCounter(
+        "hcs_mirror_readings_held",
+        description="reports that changed only a node's readings, left for its refresh",
+        meter_name="hcs.mirror",
+    )
+)
 
 
 class StatusWriter(Protocol):
     async def patch_compute_node_status(self, name: str, status: dict[str, Any]) -> Any: ...
+
+
+_CHANGED, _REFRESH, _FAILED = ({"reason": r} for r in ("changed", "refresh", "failed"))
 
 
 def _iso(time_s: float) -> str:
@@ -284,9 +305,11 @@ class Mirror:
         )
         state = state_of(status)
         last, after_s = self.written.get(node), self.refresh_after_s(node)
-        if last is not None and self.sent.get(node) == state and now - last < after_s:
+        readings_only = last is not None and self.sent.get(node) == state
+        if last is not None and readings_only and now - last < after_s:
             self._quiet[node] = last + after_s  # only readings changed: they wait
             self.held += 1
+            READINGS_HELD.add(1)
             return
         self._quiet.pop(node, None)
         self.sent.pop(node, None)
@@ -295,7 +318,9 @@ class Mirror:
             await self.kube.patch_compute_node_status(node, status)
             self.writes += 1
             self.sent[node] = state
+            STATUS_WRITES.add(1, _REFRESH if readings_only else _CHANGED)
         except KubeError as exc:
+            STATUS_WRITES.add(1, _FAILED)
             _log.warning("computenode_write_failed", node=node, error=str(exc))
             self._mark(node)
 

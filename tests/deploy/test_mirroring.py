@@ -7,11 +7,13 @@ import collections
 from typing import Any
 
 import msgspec
+from prometheus_client.parser import text_string_to_metric_families
 
 from hcs_bus import subjects
 from hcs_bus.bus import Bus
 from hcs_bus.kube import Kube
 from hcs_bus.messages import Compute, DeviceFingerprint, HealthEvent, NodeFingerprint
+from hcs_bus.telemetry import metrics_text
 from scheduler.report.computenode_loop import Mirror, node_status, state_of
 from tests.apiserver import ApiServer
 
@@ -151,6 +153,16 @@ async def test_nodes_arriving_while_a_write_is_under_way_are_written_too(
     assert set(names) <= set(apiserver.computenodes)
 
 
+def written_for(reason: str) -> float:
+    """``hcs_mirror_status_writes_total{reason}`` as this process exports it."""
+    for family in text_string_to_metric_families(metrics_text().decode()):
+        for sample in family.samples:
+            if sample.name == "hcs_mirror_status_writes_total":
+                if sample.labels.get("reason") == reason:
+                    return float(sample.value)
+    return 0.0
+
+
 def status_of(apiserver: ApiServer, node: str) -> dict[str, Any]:
     found: dict[str, Any] = apiserver.computenodes.get(node, {}).get("status", {})
     return found
@@ -192,6 +204,7 @@ async def test_readings_alone_wait_for_the_refresh_but_a_failing_device_is_writt
 async def test_held_readings_are_written_once_the_refresh_comes_even_when_reports_stop(
     bus: Bus, kube: Kube, apiserver: ApiServer
 ) -> None:
+    refreshes, changes = written_for("refresh"), written_for("changed")
     mirror = Mirror(bus, kube, min_interval_s=0.0, refresh_s=0.5)
     await mirror.start()
     try:
@@ -205,6 +218,7 @@ async def test_held_readings_are_written_once_the_refresh_comes_even_when_report
         await mirror.stop()
     waited = mirror.written["gpu-node-c"] - first
     assert waited >= mirror.refresh_after_s("gpu-node-c") and mirror.writes == 2
+    assert written_for("refresh") == refreshes + 1 and written_for("changed") == changes + 1
     assert status_of(apiserver, "gpu-node-c")["deviceList"][1]["vramFree"] == "2Gi"
 
 
