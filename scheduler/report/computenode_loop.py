@@ -54,7 +54,7 @@ HEALTH_RANK = {"healthy": 0, "degraded": 1, "failed": 2}
 REFRESH_S = 300.0  # longest a node's readings wait for a write when nothing else changed
 REFRESH_SPREAD = 0.25  # a node's own period is refresh_s less up to this share of it
 # fields of a status (and of its devices) that change with every report or
-# with the workload: on their own they are written every ``refresh_s``
+# with the workload: on their own they are written at the node's refresh
 READINGS = frozenset({"lastReport", "observedSeq", "vramFree"})
 DEVICE_READINGS = frozenset({"vramFree", "healthScore"})
 STATUS_WRITES = zero_init(
@@ -203,6 +203,7 @@ class Mirror:
     _dirty: set[str] = field(default_factory=set)
     _quiet: dict[str, float] = field(default_factory=dict)  # node → when its readings are due
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _timer: asyncio.TimerHandle | None = None  # the next wake for a node due later
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -233,6 +234,9 @@ class Mirror:
     async def stop(self) -> None:
         await tasks.stop(*self._tasks)
         self._tasks.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def _on_fps(self, items: list[Delivery[NodeFingerprint]]) -> None:
         for item in items:
@@ -287,11 +291,14 @@ class Mirror:
             for node in due:
                 self._dirty.discard(node)
                 await self._write(node, now=now)
-            if self._dirty or self._quiet:
-                # a node first marked while a write was awaited has no `written` yet: due now
-                at = [self.written.get(n, now) + self.min_interval_s for n in self._dirty]
-                wait_s = min(at + list(self._quiet.values())) - now
-                loop.call_later(max(wait_s, 0.0), self._wake.set)
+            # a node first marked while a write was awaited has no `written` yet: due now
+            at = [self.written.get(n, now) + self.min_interval_s for n in self._dirty]
+            at += [due_at for n, due_at in self._quiet.items() if n not in self._dirty]
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if at:
+                self._timer = loop.call_later(max(min(at) - now, 0.0), self._wake.set)
 
     async def _write(self, node: str, *, now: float) -> None:
         fp = self.fingerprints.get(node)
