@@ -4,8 +4,8 @@
 * ``Follower`` — an ordered push consumer that replays, then follows.
 
 Both hand on decoded messages only. Anything else — bytes that do not
-decode (msgspec's errors, but also ``UnicodeDecodeError`` and
-``RecursionError`` from hostile input), a message over ``max_bytes`` — is
+decode (msgspec's errors, but also ``RecursionError`` and, before msgspec
+0.23, ``UnicodeDecodeError`` from hostile input), a message over ``max_bytes`` — is
 poison: copied to ``hcs.dlq.<subject>`` once per stream sequence
 (``hcs_bus.deadletters``), and the consumer goes on. So is a message whose
 body contradicts its subject (``hcs_bus.identity``: a fingerprint naming

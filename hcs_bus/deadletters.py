@@ -83,9 +83,9 @@ def decode_or_reason(
 ) -> tuple[T | None, str]:
     """``(value, "")``, or ``(None, why)`` for a message no handler should see.
 
-    msgspec raises more than ``MsgspecError`` on hostile input (invalid
-    UTF-8 in a string: ``UnicodeDecodeError``; deep nesting:
-    ``RecursionError``), so every exception is poison here."""
+    msgspec raises more than ``MsgspecError`` on hostile input (deep
+    nesting: ``RecursionError``; before 0.23, invalid UTF-8 in a string:
+    ``UnicodeDecodeError``), so every exception is poison here."""
     if len(data) > max_bytes:
         return None, f"{kind} too large: {len(data)} bytes > {max_bytes}"
     try:

@@ -378,8 +378,9 @@ ENCODER = msgspec.json.Encoder()
 
 class Decoder(Generic[T]):
     """A JSON decoder for one message type whose every failure is a
-    ``msgspec.DecodeError``: msgspec itself lets invalid UTF-8 out as
-    ``UnicodeDecodeError`` and deep nesting as ``RecursionError``, which a
+    ``msgspec.DecodeError``: msgspec itself lets deep nesting out as
+    ``RecursionError`` (and, before 0.23, invalid UTF-8 as
+    ``UnicodeDecodeError``), which a
     caller catching msgspec's errors would not expect (a poisoned message must
     be a bad message, never a crashed consumer)."""
 

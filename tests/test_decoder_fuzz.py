@@ -225,9 +225,15 @@ def test_no_message_is_tracked_by_the_garbage_collector(kind: type[msgspec.Struc
 
 
 def test_the_property_can_fail() -> None:
-    """A decoder that lets msgspec's raw errors out is caught by ``_check``."""
-    poison = b'{"type": "health_event", "node": "\xff"}'
-    with pytest.raises(UnicodeDecodeError):
+    """A decoder that lets msgspec's raw errors out is caught by ``_check``:
+    deep nesting makes msgspec raise ``RecursionError``."""
+    poison = b'{"type": "health_event", "x": ' + b'{"a": ' * 2000 + b"1" + b"}" * 2000 + b"}"
+    with pytest.raises(RecursionError):
         msgspec.json.Decoder(messages.HealthEvent).decode(poison)
     _check(messages.HealthEvent, poison)  # the wrapped decoder: a DecodeError
+    # invalid UTF-8: msgspec before 0.23 let UnicodeDecodeError out; the wrapper never does
+    with pytest.raises(msgspec.DecodeError):
+        messages.decoder_for(messages.HealthEvent).decode(
+            b'{"type": "health_event", "node": "\xff"}'
+        )
     assert typing.get_origin(messages.Message) in (Union, types.UnionType)

@@ -43,7 +43,7 @@ POISON: dict[str, bytes] = {
 # what the dead letter's reason names (the deep nesting: msgspec gives up on
 # the depth, or, under a raised recursion limit, skips it and finds no node)
 REASONS: dict[str, tuple[str, ...]] = {
-    "invalid utf-8": ("UnicodeDecodeError",),
+    "invalid utf-8": ("UnicodeDecodeError", "Invalid UTF-8"),  # msgspec < 0.23, >= 0.23
     "2,000-deep nesting": ("RecursionError", "missing required field `node`"),
     "a wrong type": ("ValidationError",),
     "a huge field": ("too large",),
