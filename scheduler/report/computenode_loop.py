@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
 from nats.js.api import DeliverPolicy
 
 from hcs_bus import streams, subjects, tasks
@@ -195,7 +196,7 @@ class Mirror:
     verdicts: dict[str, HealthEvent] = field(default_factory=dict)
     outs: dict[str, dict[int, outages.Outage]] = field(default_factory=dict)
     written: dict[str, float] = field(default_factory=dict)  # node → loop time of its last write
-    sent: dict[str, dict[str, Any]] = field(default_factory=dict)  # node → ``state_of`` written
+    sent: dict[str, bytes] = field(default_factory=dict)  # node → ``state_of`` written, as JSON
     writes: int = 0
     held: int = 0  # reports whose readings alone waited for ``refresh_s``
     leading: bool = True  # False: follow the bus, write nothing (another replica leads)
@@ -310,7 +311,7 @@ class Mirror:
             out=self.outs.get(node),
             received_s=self.received.get(node) or None,
         )
-        state = state_of(status)
+        state = msgspec.json.encode(state_of(status))  # compact to hold, cheap to compare
         last, after_s = self.written.get(node), self.refresh_after_s(node)
         readings_only = last is not None and self.sent.get(node) == state
         if last is not None and readings_only and now - last < after_s:
