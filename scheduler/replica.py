@@ -282,17 +282,16 @@ async def run(
         view.listeners.append(gangs.wake)
         running.append(tasks.supervise(lambda: gangs.run(ready=view.ready), name="gangs"))
         # the schedulable fleet's classes, which the quotas' guarantees are
-        # judged against every round: each node's part made again only when
-        # the view changes it (a fleet of thousands is not summed from its
-        # devices every two seconds)
+        # judged against every round, and each namespace's usage: each node's
+        # part made again only when the view changes it (a fleet of thousands
+        # is not summed from its devices and reservations every two seconds)
         fleet_parts = Parts()
         view.listeners.append(fleet_parts.changed)
         used = UsedWriter(
             kube=kube,
             quotas=quotas,
             used=lambda: used_by_namespace(
-                (r for n in view.state.nodes.values() for r in n.reservations.values()),
-                pledger.by_namespace(fresh=True),
+                fleet_parts.usage(view.state.nodes), pledger.by_namespace(fresh=True)
             ),
             classes=lambda: fleet_parts.summary(view.state.nodes).classes,
         )

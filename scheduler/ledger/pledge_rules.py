@@ -187,7 +187,8 @@ def outstanding(doc: NamespacePledges | None, *, reserved: Iterable[str] = ()) -
     a quota is never spent, its reservation retires it)."""
     if doc is None:
         return []
-    seen = set(reserved)
+    # the summary's ids are thousands after a burst: looked up, not copied
+    seen = reserved if isinstance(reserved, set | frozenset) else set(reserved)
     return [p for p in doc.pledges if p.id not in seen]
 
 

@@ -184,7 +184,7 @@ class Pledger:
         if pledge is None:
             if known is not None:
                 del mine[pledge_id]
-                self._changed(ns)
+                self._dropped(ns, pledge_id)
             return
         if known is not None and known.pledge == pledge:
             known.revision = revision  # our own create, seen back: nothing to count anew
@@ -194,6 +194,15 @@ class Pledger:
 
     def _changed(self, ns: str) -> None:
         self._changes[ns] = self._changes.get(ns, 0) + 1
+
+    def _dropped(self, ns: str, pledge_id: str) -> None:
+        """A pledge's own key is gone. The sweep drops those whose reservation
+        the view shows, hundreds a round under a burst: the tally, which never
+        counted a reserved pledge, stays as it is for them."""
+        cached = self._tallies.get(ns)
+        if cached is not None and cached.version == self._version(ns) and pledge_id in cached.ids:
+            return
+        self._changed(ns)
 
     def _version(self, ns: str) -> _Version:
         held = self.docs.get(ns)
@@ -276,7 +285,7 @@ class Pledger:
             raise BusUnavailable(f"hcs: cannot delete {key}: {exc!r}") from exc
         mine = self.keyed.get(ns, {})
         if mine.pop(pledge_id, None) is not None:
-            self._changed(ns)
+            self._dropped(ns, pledge_id)
         return True
 
     def lock(self, namespace: str) -> asyncio.Lock:

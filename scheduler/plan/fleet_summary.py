@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Final, TypeVar
 
-from scheduler.plan.rules import ClassPart, ClassStats, NodePart, Summary, node_part
+from scheduler.plan.rules import ClassPart, ClassStats, NodePart, Summary, Usage, node_part
 from scheduler.view.state import NodeView
 
 _K = TypeVar("_K")
@@ -57,6 +57,16 @@ class Parts:
             classes=self._class_stats(), usage=self._usage_now(), pledge_ids=self._ids_now()
         )
 
+    def usage(self, nodes: Mapping[str, NodeView]) -> dict[str, Usage]:
+        """Per namespace: what its reservations hold over ``nodes``, every
+        node counted whether schedulable or not (``rules.namespace_usage``
+        of all their reservations), kept node by node like the summary."""
+        self.summary(nodes)
+        return {
+            ns: Usage(vram_mib=u.vram_mib, acu=u.acu.value(), devices=u.devices)
+            for ns, u in self._usage.items()
+        }
+
     def _reconcile(self, nodes: Mapping[str, NodeView]) -> None:
         """Nodes gone or come without being told of."""
         for gone in [name for name in self._held if name not in nodes]:
@@ -82,11 +92,11 @@ class Parts:
 
     def _count(self, part: NodePart, schedulable: bool, *, sign: int) -> None:
         """Add (``sign`` 1) or take out (-1) a node's share (see ``merged``)."""
-        for ns, vram, acu in part.usage:
+        for ns, vram, acu, devices in part.usage:
             usage = self._usage.get(ns)
             if usage is None:
                 usage = self._usage[ns] = _UsageTally()
-            if usage.count(vram, acu, sign=sign) == 0:
+            if usage.count(vram, acu, devices, sign=sign) == 0:
                 del self._usage[ns]
             self._touched_ns[ns] = None
         for pledge_id in part.pledge_ids:
@@ -215,15 +225,16 @@ class _ClassTally:
 class _UsageTally:
     """A namespace's usage over the parts counted."""
 
-    __slots__ = ("acu", "parts", "vram_mib")
+    __slots__ = ("acu", "devices", "parts", "vram_mib")
 
     def __init__(self) -> None:
-        self.parts = self.vram_mib = 0
+        self.parts = self.vram_mib = self.devices = 0
         self.acu = _ExactSum()
 
-    def count(self, vram_mib: int, acu: float, *, sign: int) -> int:
+    def count(self, vram_mib: int, acu: float, devices: int, *, sign: int) -> int:
         self.parts += sign
         self.vram_mib += sign * vram_mib
+        self.devices += sign * devices
         self.acu.count(acu, sign=sign)
         return self.parts
 

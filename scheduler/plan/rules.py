@@ -135,7 +135,7 @@ class NodePart:
     summarising every device again took 130 ms each time (``Parts``)."""
 
     classes: tuple[ClassPart, ...]
-    usage: tuple[tuple[str, int, float], ...]  # namespace, VRAM MiB, ACU reserved
+    usage: tuple[tuple[str, int, float, int], ...]  # namespace, VRAM MiB, ACU, devices reserved
     pledge_ids: tuple[str, ...]
 
 
@@ -183,7 +183,7 @@ def node_part(node: NodeView) -> NodePart:
     classes = tuple(_class_part(key, devices) for key, devices in by_class.items())
     return NodePart(
         classes=classes,
-        usage=tuple((ns, u.vram_mib, u.acu) for ns, u in usage.items()),
+        usage=tuple((ns, u.vram_mib, u.acu, u.devices) for ns, u in usage.items()),
         pledge_ids=tuple(ids),
     )
 
@@ -218,7 +218,7 @@ def merged(parts: Iterable[tuple[NodePart, bool]]) -> Summary:
     usage: dict[str, tuple[int, float]] = {}
     ids: set[str] = set()
     for part, schedulable in parts:
-        for ns, vram, acu in part.usage:
+        for ns, vram, acu, _devices in part.usage:
             held_vram, held_acu = usage.get(ns, (0, 0.0))
             usage[ns] = (held_vram + vram, held_acu + acu)
         ids.update(part.pledge_ids)

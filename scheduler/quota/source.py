@@ -33,13 +33,12 @@ import yaml
 
 from hcs_bus import tasks
 from hcs_bus.errors import ConfigError, HcsError
-from hcs_bus.messages import Reservation
 from hcs_bus.telemetry import logger
 from hcs_bus.units import QuantityError, format_mib, parse_quantity, quantity_mib
 from scheduler.ledger.pledge_rules import Held
 from scheduler.ledger.reservation_store import Kube
 from scheduler.plan.gang_rules import library_of
-from scheduler.plan.rules import ClassStats, QuotaLimits, namespace_usage
+from scheduler.plan.rules import ClassStats, QuotaLimits, Usage
 from scheduler.quota import share_rules as sharing
 
 _log = logger("hcs.scheduler.quotas")
@@ -257,15 +256,13 @@ class Used(msgspec.Struct, frozen=True):
 
 
 def used_by_namespace(
-    reservations: Iterable[Reservation], pledged: Mapping[str, tuple[Held, int]]
+    usage: Mapping[str, Usage], pledged: Mapping[str, tuple[Held, int]]
 ) -> dict[str, Used]:
-    """Per namespace: what its reservations hold (``plan.rules.namespace_usage``,
-    the sum its quota verdicts use), plus its outstanding pledges
+    """Per namespace: what its reservations hold (``usage``: the sum its
+    quota verdicts use, ``plan.rules.namespace_usage``, kept node by node in
+    ``plan.fleet_summary.Parts.usage``), plus its outstanding pledges
     (``pledged``: namespace → (what they hold, how many))."""
-    out = {
-        ns: Used(vram_mib=u.vram_mib, acu=u.acu, devices=u.devices)
-        for ns, u in namespace_usage(reservations).items()
-    }
+    out = {ns: Used(vram_mib=u.vram_mib, acu=u.acu, devices=u.devices) for ns, u in usage.items()}
     for ns, (held, count) in pledged.items():
         u = out.get(ns, Used())
         out[ns] = Used(
@@ -377,8 +374,9 @@ class UsedWriter:
 
     async def run(self, *, every_s: float = 2.0) -> None:
         """Rounds forever, at most every ``every_s`` and less often when they
-        grow long (``tasks.spacing_s``): a round sums every reservation and
-        outstanding pledge, a third of a second at 5,000 nodes and 10,000 pods."""
+        grow long (``tasks.spacing_s``): a round takes the namespaces' usage
+        as kept node by node (the nodes changed since the last round) and
+        counts the outstanding pledges."""
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()

@@ -350,3 +350,36 @@ def test_whole_device_pledges_leave_slices_only_the_devices_they_do_not_take() -
     for i in range(6):
         fewer = fewer.plus(_pledge(10 + i, vram=16384, whole=False))
     assert planning.has_room(replace_pledged(stats, fewer), sizing)  # 7 of 8 taken
+
+
+def test_a_pledge_retired_by_its_reservation_going_leaves_the_tally_uncounted_again(
+    monkeypatch: object,
+) -> None:
+    """The sweep drops the pledges whose reservation the view shows, hundreds
+    a round under a burst; the next plans' tally is the one kept (it never
+    counted them), while an outstanding pledge that goes is counted out."""
+    from scheduler.ledger.pledge_store import Pledger
+
+    reserved, outstanding, other = _pledge(1), _pledge(2), _pledge(3, devices=2)
+    summary = planning.Summary(classes={}, usage={}, pledge_ids=frozenset({reserved.id}))
+    pledger = Pledger(kv=None, summary=lambda: summary)  # type: ignore[arg-type]
+    for rev, p in enumerate((reserved, outstanding, other), start=1):
+        pledger.apply(pledges.key_for("ml", p.id), msgspec.json.encode(p), rev)
+    both, one = pledges.held([outstanding, other]), pledges.held([other])
+    counted: list[int] = []
+    tallied = pledges.tallied
+
+    def counting(found: object) -> object:
+        out = tallied(found)  # type: ignore[arg-type]
+        counted.append(out[2])
+        return out
+
+    monkeypatch.setattr(pledges, "tallied", counting)  # type: ignore[attr-defined]
+    assert pledger.by_namespace(fresh=True)["ml"] == (both, 2)
+    assert counted == [2]
+    pledger.apply(pledges.key_for("ml", reserved.id), None, 4)  # swept: its reservation is seen
+    assert pledger.by_namespace(fresh=True)["ml"] == (both, 2)
+    assert counted == [2]  # the tally kept
+    pledger.apply(pledges.key_for("ml", outstanding.id), None, 5)  # released: its pod deleted
+    assert pledger.by_namespace(fresh=True)["ml"] == (one, 1)
+    assert counted == [2, 1]

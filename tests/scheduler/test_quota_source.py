@@ -103,7 +103,7 @@ def test_only_reserved_and_bound_reservations_count_against_a_quota_in_plans_and
     assert not verdict.ok and verdict.vram_mib_used == 32768
     # status.used: the same sum, plus the pledges
     pledged = {"ml": (Held(devices=1, vram_mib=8192, acu=10.0), 1)}
-    assert used_by_namespace(held, pledged) == {
+    assert used_by_namespace(planning.namespace_usage(held), pledged) == {
         "ml": Used(vram_mib=40960, acu=60.0, devices=3, pledges=1),
         "team-b": Used(vram_mib=16384, acu=25.0, devices=1),
     }

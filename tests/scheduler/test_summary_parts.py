@@ -213,6 +213,18 @@ def test_a_summary_kept_by_taking_out_and_adding_node_parts_equals_one_made_afre
         if op[0] != "vanish":
             parts.changed(op[1])
         _assert_same(parts.summary(state.nodes), planning.summarise(state.nodes.values()))
+        _assert_same_usage(parts.usage(state.nodes), state)
+
+
+def _assert_same_usage(got: dict[str, planning.Usage], state: ClusterState) -> None:
+    """What the quotas' ``status.used`` is written from: every node's
+    reservations summed, schedulable or not, devices included."""
+    held = (r for node in state.nodes.values() for r in node.reservations.values())
+    want = planning.namespace_usage(held)
+    assert got.keys() == want.keys()
+    for ns, usage in want.items():
+        assert (got[ns].vram_mib, got[ns].devices) == (usage.vram_mib, usage.devices), ns
+        assert math.isclose(got[ns].acu, usage.acu, rel_tol=1e-9, abs_tol=1e-9), ns
 
 
 def test_a_summary_makes_again_only_the_parts_of_the_nodes_said_to_have_changed(
@@ -281,3 +293,18 @@ def test_an_infinite_acu_counts_as_a_float_sum_would_until_its_node_goes() -> No
     state.nodes.pop("b")
     parts.changed("b")
     assert parts.summary(state.nodes).usage == {"ml": (1024, 1.5)}
+
+
+def test_a_namespaces_usage_follows_a_node_booked_again_while_another_holds_for_it() -> None:
+    """``status.used`` of a quota is written from ``Parts.usage``: a node's
+    old share is taken out before its new one is added, devices included."""
+    state = state_of(node_fp("a"), node_fp("b"))
+    parts = fleet_summary.Parts()
+    for name in ("a", "b"):
+        _hold_one(state, parts, name, 1.0)
+    assert parts.usage(state.nodes) == {"ml": planning.Usage(vram_mib=2048, acu=2.0, devices=2)}
+    _hold_one(state, parts, "a", 0.5)  # booked again: still one slice
+    assert parts.usage(state.nodes) == {"ml": planning.Usage(vram_mib=2048, acu=1.5, devices=2)}
+    state.apply_reservations("b", None)
+    parts.changed("b")
+    assert parts.usage(state.nodes) == {"ml": planning.Usage(vram_mib=1024, acu=0.5, devices=1)}
