@@ -34,7 +34,6 @@ from scheduler.ledger import release_loop as watching
 from scheduler.ledger.pledge_store import Pledger
 from scheduler.ledger.reservation_store import Booker
 from scheduler.plan import gang_loop as ganging
-from scheduler.plan.fleet_summary import Parts
 from scheduler.plan.service import Planner, PlanService
 from scheduler.quota.source import QuotaSource, StatusKube, UsedWriter, used_by_namespace
 from scheduler.replan import loop as stranding
@@ -281,19 +280,17 @@ async def run(
         )
         view.listeners.append(gangs.wake)
         running.append(tasks.supervise(lambda: gangs.run(ready=view.ready), name="gangs"))
-        # the schedulable fleet's classes, which the quotas' guarantees are
-        # judged against every round, and each namespace's usage: each node's
-        # part made again only when the view changes it (a fleet of thousands
-        # is not summed from its devices and reservations every two seconds)
-        fleet_parts = Parts()
-        view.listeners.append(fleet_parts.changed)
+        # each namespace's usage and the schedulable fleet's classes (which
+        # the quotas' guarantees are judged against) every round, from the
+        # planner's node-by-node parts: the nodes changed since the last
+        # round are made again once, for this and the plans alike (a fleet of
+        # thousands is not summed from its devices and reservations every two
+        # seconds)
         used = UsedWriter(
             kube=kube,
             quotas=quotas,
-            used=lambda: used_by_namespace(
-                fleet_parts.usage(view.state.nodes), pledger.by_namespace(fresh=True)
-            ),
-            classes=lambda: fleet_parts.summary(view.state.nodes).classes,
+            used=lambda: used_by_namespace(planner.usage(), pledger.by_namespace(fresh=True)),
+            classes=planner.classes,
         )
         running.append(tasks.start(used.run(), name="quota-used"))
         reconciling = watching.reconcile_loop(kube, booker, ready=view.ready)

@@ -110,6 +110,18 @@ class Planner:
         self._parts.changed(node)
         self._dirty = True
 
+    def usage(self) -> dict[str, planning.Usage]:
+        """Per namespace: what its reservations hold now, every node counted
+        (``Parts.usage``; ComputeQuota ``status.used``). The nodes changed
+        since the last summary are taken in here, once: the next summary
+        finds them done."""
+        return self._parts.usage(self.state.nodes)
+
+    def classes(self) -> dict[str, planning.ClassStats]:
+        """The schedulable fleet's classes now, with nothing pledged or held
+        counted (what the quotas' guarantees are judged against)."""
+        return self._parts.summary(self.state.nodes).classes
+
     def summary(self) -> planning.Summary:
         """The cluster summary plans are made on: rebuilt on a change at most
         every ``max_age_s``, except while the one held has no class at all (a

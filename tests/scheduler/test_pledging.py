@@ -198,7 +198,6 @@ async def test_pledges_never_bound_expire_and_spent_ones_go_once_their_reservati
 async def test_compute_quota_status_used_counts_reservations_and_pledges(
     bus: Bus, start_scheduler: Start
 ) -> None:
-    from scheduler.plan.fleet_summary import Parts
     from scheduler.quota.source import UsedWriter, used_by_namespace
     from tests.scheduler.helpers import FakeKube
 
@@ -214,13 +213,8 @@ async def test_compute_quota_status_used_counts_reservations_and_pledges(
     pledger = sched.planner.pledger
     assert pledger is not None
 
-    parts = Parts()  # as the replica keeps it: told of every node the view changes
-    sched.view.listeners.append(parts.changed)
-
-    def used() -> dict:
-        return used_by_namespace(
-            parts.usage(sched.view.state.nodes), pledger.by_namespace(fresh=True)
-        )
+    def used() -> dict:  # as the replica writes it: the planner's parts, told of every change
+        return used_by_namespace(sched.planner.usage(), pledger.by_namespace(fresh=True))
 
     # p1 bound (its pledge spent, its reservation in the view), p2 pledged only
     await until(lambda: used().get("ml") is not None and used()["ml"].pledges == 1)
