@@ -44,6 +44,24 @@ class Parts:
         self._changed[node] = None
 
     def summary(self, nodes: Mapping[str, NodeView]) -> Summary:
+        self._take_in(nodes)
+        return Summary(
+            classes=self._class_stats(), usage=self._usage_now(), pledge_ids=self._ids_now()
+        )
+
+    def usage(self, nodes: Mapping[str, NodeView]) -> dict[str, Usage]:
+        """Per namespace: what its reservations hold over ``nodes``, every
+        node counted whether schedulable or not (``rules.namespace_usage``
+        of all their reservations), kept node by node like the summary."""
+        self._take_in(nodes)
+        return {
+            ns: Usage(vram_mib=u.vram_mib, acu=u.acu.value(), devices=u.devices)
+            for ns, u in self._usage.items()
+        }
+
+    def _take_in(self, nodes: Mapping[str, NodeView]) -> None:
+        """Count again the nodes told of since the last call (and any come or
+        gone untold)."""
         told, self._changed = self._changed, {}
         for name in told:
             node = nodes.get(name)
@@ -53,19 +71,6 @@ class Parts:
                 self._put(name, node)
         if len(self._held) != len(nodes):
             self._reconcile(nodes)
-        return Summary(
-            classes=self._class_stats(), usage=self._usage_now(), pledge_ids=self._ids_now()
-        )
-
-    def usage(self, nodes: Mapping[str, NodeView]) -> dict[str, Usage]:
-        """Per namespace: what its reservations hold over ``nodes``, every
-        node counted whether schedulable or not (``rules.namespace_usage``
-        of all their reservations), kept node by node like the summary."""
-        self.summary(nodes)
-        return {
-            ns: Usage(vram_mib=u.vram_mib, acu=u.acu.value(), devices=u.devices)
-            for ns, u in self._usage.items()
-        }
 
     def _reconcile(self, nodes: Mapping[str, NodeView]) -> None:
         """Nodes gone or come without being told of."""
