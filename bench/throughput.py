@@ -30,8 +30,9 @@ cluster has settled and the mirror has written every ComputeNode once), the
 HCS scheduler's RSS; then each round's
 ratio and, last, ``ratio bound/s hcs/plain: X at N nodes``.
 
-``--profile`` samples the HCS scheduler with py-spy through the first HCS
-burst and prints its busiest functions.
+``--profile`` runs the HCS scheduler under ``bench.cpu_sampler``, samples
+its CPU time through the first HCS burst and prints its busiest functions
+(on the stack, and innermost).
 
 A fleet of thousands (``--nodes 5000``) reports less often
 (``--report-interval-s 30``): the scheduler's ``stale_after_s`` follows
@@ -48,8 +49,8 @@ import concurrent.futures
 import math
 import os
 import shutil
+import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +65,7 @@ import yaml
 from agents import fleet as fleets
 from agents.fleet import NodeSpec, profiles_of
 from agents.labels import capacity, node_labels
+from bench import cpu_sampler
 from bench.burst import (
     PLAIN,
     PLAIN_KIND,
@@ -216,33 +218,36 @@ def memory_kib(pid: int) -> tuple[int, int]:
 
 
 class Profiler:
-    """py-spy sampling one process into collapsed stacks until ``stop``."""
+    """The scheduler's CPU time sampled into collapsed stacks until ``stop``
+    (it runs under ``bench.cpu_sampler``: SIGUSR1 starts, SIGUSR2 writes)."""
 
-    def __init__(self, py_spy: str, pid: int, *, out: Path) -> None:
-        self.out = out
-        self.process = subprocess.Popen(
-            [
-                *(py_spy, "record", "--pid", str(pid), "--rate", "97", "--nonblocking"),
-                *("--format", "raw", "--output", str(out)),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+    def __init__(self, pid: int, *, out: Path) -> None:
+        self.pid, self.out = pid, out
+        out.unlink(missing_ok=True)
+        os.kill(pid, signal.SIGUSR1)
 
-    def stop(self) -> str:
-        """Stop sampling (py-spy writes its file on SIGINT); its stderr's tail."""
-        self.process.send_signal(2)
+    def stop(self, *, timeout_s: float = 30.0) -> str:
+        """Stop sampling; "" once the file is written, else why not."""
         try:
-            _out, err = self.process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            _out, err = self.process.communicate()
-        return err.decode(errors="replace")[-400:]
+            os.kill(self.pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            return "the scheduler exited before its profile was written"
+        deadline = time.monotonic() + timeout_s
+        while not self.out.exists():
+            if time.monotonic() > deadline:
+                return f"no profile written within {timeout_s:.0f} s"
+            time.sleep(0.1)
+        return ""
+
+
+def sampled(argv: list[str], *, out: Path) -> list[str]:
+    """``argv`` (``python -m scheduler ...``) run under ``bench.cpu_sampler``."""
+    return [argv[0], "-m", "bench.cpu_sampler", str(out), *argv[1:]]
 
 
 def top_functions(collapsed: Path, *, top: int = 15) -> list[tuple[str, float, float]]:
     """(function, share of samples on the stack, share as the innermost
-    frame) of a py-spy raw (collapsed stacks) file, busiest first."""
+    frame) of a collapsed-stacks file, busiest first."""
     total, inclusive, own = 0, collections.Counter[str](), collections.Counter[str]()
     for line in collapsed.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -395,9 +400,11 @@ def report(results: list[dict[str, Any]], rest: dict[str, float], *, nodes: int)
 
 def print_profile(path: Path, stderr: str) -> None:
     if not path.exists() or not path.stat().st_size:
-        print(f"\nprofile: py-spy wrote nothing ({stderr.strip()[-200:]})")
+        print(f"\nprofile: none written ({stderr.strip()[-200:] or 'no sample taken'})")
         return
-    print(f"\nHCS scheduler through the first HCS burst (py-spy, {path}):")
+    samples = sum(int(line.rpartition(" ")[2]) for line in path.read_text().splitlines())
+    cpu_s = samples * cpu_sampler.INTERVAL_S
+    print(f"\nHCS scheduler's CPU time through the first HCS burst: {cpu_s:.1f} s ({path})")
     print(f"  {'on stack':>9}{'own':>7}  function")
     for name, inclusive, own in top_functions(path):
         print(f"  {inclusive:>9.1%}{own:>7.1%}  {name}")
@@ -443,18 +450,16 @@ def main(argv: list[str] | None = None) -> int:
         "product's 35 s): a fleet of thousands reports less often",
     )
     parser.add_argument(
-        "--profile", action="store_true", help="py-spy the HCS scheduler through one HCS burst"
+        "--profile",
+        action="store_true",
+        help="sample the HCS scheduler's CPU time through the first HCS burst",
     )
-    parser.add_argument("--py-spy", default=shutil.which("py-spy") or "", help="py-spy binary")
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args(argv)
     configure(TelemetrySettings(log_format="console", log_level="warning"), service="bench-tp")
     bins = find_binaries()
     if isinstance(bins, str):
         print(f"bench.throughput: {bins}", file=sys.stderr)
-        return 2
-    if args.profile and not args.py_spy:
-        print("bench.throughput: --profile needs py-spy (pip install py-spy)", file=sys.stderr)
         return 2
     os.environ[STALE_ENV] = str(stale_after_s(args.stale_after_s, args.report_interval_s))
     root = Path(tempfile.mkdtemp(prefix="hcs-throughput-"))
@@ -469,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
             cluster, fleet, plain_per_node=-(-args.pods // len(names)) + 2, workers=args.workers
         )
         print(f"{len(names)} Nodes created Ready in {time.monotonic() - t0:.1f} s", flush=True)
-        stack = Stack(cluster, fleet=fleet, root=root)
+        profile_path, profile_err = root / "scheduler.cpu-stacks.txt", ""
+        wrap = {"scheduler": lambda argv: sampled(argv, out=profile_path)} if args.profile else {}
+        stack = Stack(cluster, fleet=fleet, root=root, wrap=wrap)
         stack.start()
         raise_client_limits(cluster, qps=args.qps)
         wait_labelled(cluster, names)
@@ -488,7 +495,6 @@ def main(argv: list[str] | None = None) -> int:
         hcs_kind = Kind("vram", 100, {"ai.compute/vram": args.vram})
         order = round_order(args.rounds, ("plain", PLAIN_KIND), ("hcs", hcs_kind))
         results: list[dict[str, Any]] = []
-        profile_path, profile_err = root / "scheduler.pyspy.txt", ""
         for i, (kind_name, kind) in enumerate(order):
             if results:
                 clear(cluster, stack, results[-1]["namespace"], rest)
@@ -496,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             profiler = None
             if args.profile and kind_name == "hcs" and not profile_err:
                 pid = stack.parts["scheduler"].popen.pid
-                profiler = Profiler(args.py_spy, pid, out=profile_path)
+                profiler = Profiler(pid, out=profile_path)
             print(f"{label}: {args.pods} pods, {args.workers} clients", flush=True)
             results.append(
                 burst(

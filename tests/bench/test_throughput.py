@@ -26,7 +26,7 @@ def test_a_tiny_run_binds_every_pod_of_both_kinds_and_ends_with_the_ratio() -> N
         pytest.skip(found)
     argv = [sys.executable, "-m", "bench.throughput", "--nodes", str(NODES), "--pods", str(PODS)]
     done = subprocess.run(
-        [*argv, "--rounds", "1", "--rest-s", "2", "--settle-s", "20"],
+        [*argv, "--rounds", "1", "--rest-s", "2", "--settle-s", "20", "--profile"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -52,6 +52,12 @@ def test_a_tiny_run_binds_every_pod_of_both_kinds_and_ends_with_the_ratio() -> N
         assert int(row["refused"]) == 0 and float(row["rate"]) > 0, (label, row.group(0))
         assert float(row["p50"]) <= float(row["p99"]), (label, row.group(0))
     assert int(rows["hcs-1"]["rss"]) > 0
+    # --profile: the scheduler ran under bench.cpu_sampler, sampled through the HCS burst
+    profile = next(i for i, line in enumerate(lines) if "CPU time through the first HCS" in line)
+    sampled = re.search(r"burst: ([\d.]+) s \(", lines[profile])
+    assert sampled and float(sampled.group(1)) > 0, lines[profile]
+    function = re.compile(r"^\s+[\d.]+%\s+[\d.]+%\s+\S.* \(\S+:\d+\)$")  # name (file:line)
+    assert function.match(lines[profile + 2]), lines[profile : profile + 3]
     last = re.fullmatch(rf"ratio bound/s hcs/plain: ([\d.]+) at {NODES} nodes", lines[-1])
     assert last and float(last.group(1)) > 0, lines[-1]
 

@@ -62,8 +62,16 @@ RUNTIME_CLASSES = ("nvidia", "ascend", "hygon", "cambricon", "mthreads", "iluvat
 class Stack:
     """The HCS parts around one ``Cluster``."""
 
-    def __init__(self, cluster: Cluster, *, fleet: Path, root: Path) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        fleet: Path,
+        root: Path,
+        wrap: dict[str, Callable[[list[str]], list[str]]] | None = None,
+    ) -> None:
         self.cluster = cluster
+        self.wrap = wrap or {}  # part -> its argv as started (a profiler around it)
         self.fleet = fleet
         self.root = root
         self.nats = NatsServer(store_dir=root / "nats")
@@ -149,6 +157,7 @@ class Stack:
         # each part's Prometheus /metrics, as ``hcs up`` serves them
         self.metrics_ports = {p.name: p.metrics_port for p in started if p.metrics_port}
         for name, command in argv.items():
+            command = self.wrap[name](command) if name in self.wrap else command
             port = self.metrics_ports.get(name)
             extra = {"HCS_TELEMETRY__METRICS_PORT": str(port)} if port else {}
             self.start_part(name, command, **extra)
