@@ -78,7 +78,7 @@ class Http2Connection(asyncio.Protocol):
         config = h2.config.H2Configuration(
             client_side=False,
             header_encoding="utf-8",
-            # the answers' three headers are ours, lower-case and well-formed:
+            # the answers' two headers are ours, lower-case and well-formed:
             # not checked again per answer (the requests' headers still are)
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
@@ -203,11 +203,10 @@ class Http2Connection(asyncio.Protocol):
         content_type = response.content_type
         if response.charset:
             content_type += f"; charset={response.charset}"
-        headers = [
-            (":status", str(response.status)),
-            ("content-type", content_type),
-            ("content-length", str(len(payload))),
-        ]
+        # no content-length: END_STREAM ends the body. Each length would be a
+        # new HPACK entry, searched for and added at every answer, and would
+        # crowd the two headers that repeat out of the connection's table.
+        headers = [(":status", str(response.status)), ("content-type", content_type)]
         try:
             self.h2.send_headers(stream_id, headers, end_stream=not payload)
             await self._send(stream_id, memoryview(payload))
