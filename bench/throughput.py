@@ -80,6 +80,7 @@ from bench.burst import (
     settled_rest,
     wait_labelled,
 )
+from bench.cpucap import CapError, CpuCap
 from bench.fleets import of_profile
 from bench.mixes import Kind
 from hcs_bus import profiles
@@ -454,6 +455,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="sample the HCS scheduler's CPU time through the first HCS burst",
     )
+    parser.add_argument(
+        "--cap-scheduler",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="hold the HCS scheduler to this share of a core once at rest (a CPU cgroup): "
+        "an overloaded replica",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args(argv)
     configure(TelemetrySettings(log_format="console", log_level="warning"), service="bench-tp")
@@ -465,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="hcs-throughput-"))
     cluster = Cluster(bins, root=root)
     stack: Stack | None = None
+    cap: CpuCap | None = None
     try:
         cluster.start(controllers=f"{CONTROLLERS},-nodelifecycle")
         fleet = fleet_file(args.nodes, root, report_interval_s=args.report_interval_s)
@@ -492,6 +502,13 @@ def main(argv: list[str] | None = None) -> int:
         # in waves, and a shorter window holds one wave or none
         window_s = max(args.rest_s, args.report_interval_s)
         rest = settled_rest(cluster, stack, seconds=window_s)
+        if args.cap_scheduler is not None:
+            try:
+                cap = CpuCap(stack.parts["scheduler"].popen.pid, args.cap_scheduler)
+            except CapError as exc:
+                print(f"bench.throughput: --cap-scheduler: {exc}", file=sys.stderr)
+                return 2
+            print(f"HCS scheduler held to {cap}", flush=True)
         hcs_kind = Kind("vram", 100, {"ai.compute/vram": args.vram})
         order = round_order(args.rounds, ("plain", PLAIN_KIND), ("hcs", hcs_kind))
         results: list[dict[str, Any]] = []
@@ -524,10 +541,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"p99 {r['p99_s']:.2f} s, {r['refused']} refused",
                 flush=True,
             )
+        if cap is not None:
+            print(f"HCS scheduler stopped for its cap in {cap.throttled()} periods of 100 ms")
         if args.profile:
             print_profile(profile_path, profile_err)
         report(results, rest, nodes=args.nodes)  # its last line: the ratio
     finally:
+        if cap is not None:
+            cap.close()
         if stack is not None:
             stack.stop()
         cluster.stop()

@@ -6,6 +6,16 @@ servers gone, or an election under way. While lost, whoever depends on the
 stream refuses with ``reason`` instead of waiting on writes that cannot
 commit; the first answer naming a leader ends it.
 
+An answer that did not come in time while this process itself was stalled
+proves nothing about the cluster: a replica short of CPU (a burst, a host
+stopping it for its cgroup's quota) reads the answer late, after its own
+timer. While a question is out, a heartbeat measures how late the event loop
+runs a due callback; when it was late by ``timeout_s`` / 2 or more, the
+missing answer is neither a miss nor a leader (``bus_quorum_unsure``, logged
+once in a row of them). Before this, a replica held to 4 % of a core called
+the quorum lost within seconds of a burst and refused every plan and bind
+while the bus was healthy.
+
 The loss and its end are each logged once (``bus_quorum_lost``,
 ``bus_quorum_regained``); the gauge ``hcs_bus_quorum_lost{stream}`` is 1
 while lost, and the counter ``hcs_bus_quorum_losses{stream}`` counts the
@@ -43,6 +53,7 @@ class LeaderWatch:
         self._misses = 0
         self._since: float | None = None
         self._why = ""
+        self._unsure = False  # the last question could not tell (logged once in a row)
 
     @property
     def reason(self) -> str:
@@ -65,6 +76,9 @@ class LeaderWatch:
     async def check(self) -> bool:
         """One question to the cluster; True when the stream has a leader now."""
         why = await self._ask()
+        if why is None:  # this process was too late to tell: nothing learnt
+            return not self.lost
+        self._unsure = False
         if not why:
             self._misses = 0
             if self.lost:
@@ -76,15 +90,26 @@ class LeaderWatch:
             self._set(lost=True)
         return False
 
-    async def _ask(self) -> str:
-        """ "" when the stream names a leader, else why not."""
+    async def _ask(self) -> str | None:
+        """ "" when the stream names a leader, else why not; None when no
+        answer came in time while this process was stalled."""
+        beat = _Heartbeat()
+        beating = asyncio.create_task(beat.run(), name=f"quorum heartbeat {self.stream}")
         try:
             async with asyncio.timeout(self.timeout_s):
                 info = await self.bus.js.stream_info(self.stream)
         except TimeoutError:
+            stalled_s = beat.late()
+            if stalled_s >= self.timeout_s / 2:
+                if not self._unsure:
+                    self._unsure = True
+                    _log.info("bus_quorum_unsure", stream=self.stream, stalled_s=stalled_s)
+                return None
             return f"no answer within {self.timeout_s:g} s"
         except Exception as exc:  # nats raises several unrelated types: each means no answer
             return f"{type(exc).__name__}: {exc}".rstrip(": ")
+        finally:
+            beating.cancel()
         if info.cluster is not None and not info.cluster.leader:
             return "the cluster names none"
         return ""
@@ -99,6 +124,30 @@ class LeaderWatch:
         else:
             lasted = now - (self._since or now)
             _log.warning("bus_quorum_regained", stream=self.stream, lost_for_s=round(lasted, 1))
+
+
+class _Heartbeat:
+    """How late the event loop ran a callback that was due, the longest seen
+    while ``run`` runs (``late``)."""
+
+    EVERY_S = 0.05
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.longest_s = 0.0
+        self.due = self.loop.time() + self.EVERY_S
+
+    async def run(self) -> None:
+        while True:  # the first beat is due from when the beat was made
+            await asyncio.sleep(max(0.0, self.due - self.loop.time()))
+            now = self.loop.time()
+            self.longest_s = max(self.longest_s, now - self.due)
+            self.due = now + self.EVERY_S
+
+    def late(self) -> float:
+        """The longest lateness, the beat still waiting to be run included
+        (after a stall the asker's timeout may run before it)."""
+        return max(self.longest_s, self.loop.time() - self.due)
 
 
 def _observe(_options: CallbackOptions) -> Iterable[Observation]:
