@@ -12,9 +12,9 @@ stopping it for its cgroup's quota) reads the answer late, after its own
 timer. While a question is out, a heartbeat measures how late the event loop
 runs a due callback; when it was late by ``timeout_s`` / 2 or more, the
 missing answer is neither a miss nor a leader (``bus_quorum_unsure``, logged
-once in a row of them). Before this, a replica held to 4 % of a core called
-the quorum lost within seconds of a burst and refused every plan and bind
-while the bus was healthy.
+once in a row of them). Without it, a replica held to 4 % of a core under a
+burst calls the quorum lost within seconds and refuses every plan and bind
+while the bus is healthy.
 
 The loss and its end are each logged once (``bus_quorum_lost``,
 ``bus_quorum_regained``); the gauge ``hcs_bus_quorum_lost{stream}`` is 1
