@@ -57,18 +57,33 @@ async def bus(bus_settings: BusSettings) -> AsyncIterator[Bus]:
     created again (a purge would keep the duplicate window, so a test reusing a
     message id would silently lose it)."""
     b = await connect(bus_settings)
-    names = [c.name for c in streams.stream_configs(bus_settings)]
-    names += [streams.kv_stream(kv.bucket) for kv in streams.kv_configs(bus_settings)]
+    try:
+        await _fresh_streams(b, bus_settings)
+        yield b
+    finally:
+        await b.nc.close()
+
+
+async def _fresh_streams(b: Bus, settings: BusSettings) -> None:
+    names = [c.name for c in streams.stream_configs(settings)]
+    names += [streams.kv_stream(kv.bucket) for kv in streams.kv_configs(settings)]
     for name in names:
         with contextlib.suppress(NotFoundError):
             await b.js.delete_stream(name)
-    await streams.init(b, bus_settings)
-    subjects = [c.subjects[0] for c in streams.stream_configs(bus_settings) if c.subjects]
-    subjects += [streams.kv_subject(kv.bucket) for kv in streams.kv_configs(bus_settings)]
+    # A stream created again right after its deletion is now and then refused
+    # ("error creating store for stream") while the server still removes the
+    # old one's files; init creates what is missing, so it is asked again.
+    for _ in range(50):
+        refused = [o for o in await streams.init(b, settings) if o.action == "refused"]
+        if not refused:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"streams refused: {[(o.name, o.detail) for o in refused]}")
+    subjects = [c.subjects[0] for c in streams.stream_configs(settings) if c.subjects]
+    subjects += [streams.kv_subject(kv.bucket) for kv in streams.kv_configs(settings)]
     for subject in subjects:
         await _taking(b, subject.replace(">", "probe").replace("*", "probe"))
-    yield b
-    await b.nc.close()
 
 
 async def _taking(b: Bus, subject: str) -> None:
