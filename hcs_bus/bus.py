@@ -12,7 +12,11 @@
   (``hcs_bus_replies_refused``), so no requester can make a service write
   where it may and the requester may not. Answers never echo the request's
   headers (a rollup or KV-Operation header is the requester's to set on
-  its own publishes, not on ours).
+  its own publishes, not on ours). A request says how long its asker
+  still waits (``Hcs-Wait-S``); a service started with ``expires=True``
+  drops one whose wait ran out while it sat in this process's queues
+  (``hcs_bus_requests_expired``), and its handler reads what is left with
+  ``time_left()``.
 * ``Consumer`` / ``Follower`` (``hcs_bus.consuming``, re-exported here) —
   pull batches / an ordered replay; handlers get decoded messages only;
   poison goes to ``hcs.dlq.<subject>`` once per stream sequence
@@ -27,7 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import dataclasses
+import math
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -68,6 +76,7 @@ MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code: the subject's last sequence differs
 SENDER = "Hcs-Sender"  # the requester's connection name, as it says (for logs; not proof)
+WAIT = "Hcs-Wait-S"  # how many seconds the requester still waits for the answer, as it sends
 REFUSED_REASONS = ("no_reply", "not_inbox")
 REPLIES_REFUSED = zero_init(
     _meter.create_counter(
@@ -80,6 +89,48 @@ REPLIES_REFUSED = zero_init(
         for reason in REFUSED_REASONS
     ),
 )
+
+EXPIRED = zero_init(
+    _meter.create_counter(
+        "hcs_bus_requests_expired",
+        description="requests dropped unhandled: their asker's wait (Hcs-Wait-S) ran out"
+        " while they queued in the serving process",
+    ),
+    *({"subject": served} for served in (subjects.PLACE, subjects.PLACE_DRY)),
+)
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "hcs_request_deadline", default=None
+)
+
+
+@dataclasses.dataclass
+class _TimedMsg(Msg):
+    """A message that knows when this process parsed it (``time.monotonic``):
+    how long it then queued here is what a request's wait is measured against."""
+
+    arrived: float = dataclasses.field(default_factory=time.monotonic, repr=False, compare=False)
+
+
+def time_left() -> float | None:
+    """Inside a ``Bus.serve`` handler: the seconds its asker still waits for
+    the answer, by the request's ``Hcs-Wait-S`` less the time it queued here;
+    None when the request did not say."""
+    deadline = _DEADLINE.get()
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _deadline(msg: Msg) -> float | None:
+    """The monotonic time past which ``msg``'s asker no longer waits, or None."""
+    said = (msg.headers or {}).get(WAIT)
+    if said is None:
+        return None
+    try:
+        wait = float(said)
+    except ValueError:
+        return None
+    if not math.isfinite(wait) or wait < 0:
+        return None
+    return getattr(msg, "arrived", time.monotonic()) + min(wait, 3600.0)
 
 
 async def connect(
@@ -119,6 +170,7 @@ async def connect(
             _log.info("nats_closed", connection=conn_name)
 
     nc = Client()
+    nc.msg_class = _TimedMsg
     options: dict[str, Any] = {
         "servers": [u.strip() for u in settings.url.split(",")],
         "name": conn_name,
@@ -277,6 +329,7 @@ class Bus:
             try:
                 if left <= 0:
                     raise NatsTimeout
+                headers[WAIT] = f"{left:.3f}"
                 msg = await self.nc.request(subject, data, timeout=left, headers=headers)
                 break
             except NoRespondersError:
@@ -297,6 +350,7 @@ class Bus:
         queue: str,
         on_bad: Callable[[str], msgspec.Struct],
         concurrency: int = 1,
+        expires: bool = False,
     ) -> Any:
         """Answer requests on ``subject`` in a queue group. A request whose
         reply subject is not an inbox is dropped before it is decoded or
@@ -304,7 +358,10 @@ class Bus:
         with ``on_bad(reason)`` and counted; a handler that raises is answered
         with ``on_bad(reason)`` too, never left to time out. ``concurrency``
         > 1: up to that many handlers at once (for handlers that wait on
-        I/O), else one after the other."""
+        I/O), else one after the other. ``expires``: a request whose asker
+        has stopped waiting (``Hcs-Wait-S``) by the time its handler would
+        start is dropped unhandled and unanswered (``_expired``); for work
+        that is wasted, or worse, once nobody reads the answer."""
 
         async def answer_with(msg: Msg, answer: msgspec.Struct) -> None:
             try:  # no headers: the request's are not ours to repeat
@@ -313,6 +370,17 @@ class Bus:
                 _log.warning("reply_failed", subject=subject, error=redact_text(repr(exc)))
 
         async def respond(msg: Msg) -> None:
+            deadline = _deadline(msg)
+            if expires and deadline is not None and deadline <= time.monotonic():
+                _expired(subject, msg, deadline)
+                return
+            token = _DEADLINE.set(deadline)
+            try:
+                await respond_by(msg)
+            finally:
+                _DEADLINE.reset(token)
+
+        async def respond_by(msg: Msg) -> None:
             try:
                 value = messages.decode(msg.data, request)
             except Exception as exc:  # hostile bytes raise more than MsgspecError
@@ -361,6 +429,18 @@ class Bus:
         if not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
+
+
+def _expired(subject: str, msg: Msg, deadline: float) -> None:
+    """A request dropped because its asker no longer waits: counted, and
+    logged at debug (an overloaded replica drops them by the hundred)."""
+    EXPIRED.add(1, {"subject": subject})
+    _log.debug(
+        "request_expired",
+        subject=subject,
+        late_s=round(time.monotonic() - deadline, 3),
+        sender=(msg.headers or {}).get(SENDER, "")[:128],
+    )
 
 
 def _refused(subject: str, msg: Msg) -> bool:

@@ -22,6 +22,12 @@ the pledge the late plan makes is released. What the shortcut plan gave is
 held in this replica's summary until its pod is booked (or as long as a
 pledge lives), so the plans after it count it. An overloaded replica
 admits pods on a conservative plan rather than failing their creation.
+
+A plan request says how long the injector still waits (``Hcs-Wait-S``,
+``hcs_bus.bus``): one that queued here past that is dropped unplanned, so an
+overloaded replica spends its time on admissions still waiting rather than
+on pledges for ones already refused; one that queued for part of it gets
+half of what is left as its budget (``plan_budget``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import contextlib
 from typing import Any
 
 from hcs_bus import plannotes, subjects, tasks
-from hcs_bus.bus import Bus
+from hcs_bus.bus import Bus, time_left
 from hcs_bus.messages import AllocationEvent, Plan, PlanRequest, PodRef, ReleaseRequest
 from hcs_bus.profiles import ProfileDB
 from hcs_bus.telemetry import SECONDS_BUCKETS, logger, meter, zero_init
@@ -327,6 +333,7 @@ class PlanService:
                 queue=subjects.PLACE_QUEUE,
                 on_bad=lambda reason: Plan(ok=False, reason=reason),
                 concurrency=PLACE_CONCURRENCY,  # admissions wait on their pledge's write
+                expires=True,  # a pledge for an admission already refused would sit unclaimed
             ),
             await self.bus.serve(
                 subjects.PLACE_DRY,
@@ -335,6 +342,7 @@ class PlanService:
                 queue=subjects.PLACE_QUEUE,
                 on_bad=lambda reason: Plan(ok=False, reason=reason),
                 concurrency=PLACE_CONCURRENCY,
+                expires=True,
             ),
             await self.bus.serve(
                 subjects.RELEASE,
@@ -370,7 +378,7 @@ class PlanService:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            plan = await self.planner.within_budget(request, budget_s=PLAN_BUDGET_S)
+            plan = await self.planner.within_budget(request, budget_s=plan_budget(time_left()))
         except Exception as exc:  # a plan request must always get an answer
             _log.error("plan_failed", namespace=request.namespace, error=repr(exc), exc_info=exc)
             plan = Plan(ok=False, reason=f"hcs: planning failed: {exc!r}")
@@ -388,6 +396,16 @@ class PlanService:
                 reason="no reservation held for this pod",
             )
         return event
+
+
+def plan_budget(left_s: float | None) -> float:
+    """How long a full plan may run: ``PLAN_BUDGET_S``, or half of what its
+    asker still waits when that is less (a request that queued behind a
+    burst), the other half left for the shortcut plan and the answer's way
+    back."""
+    if left_s is None:
+        return PLAN_BUDGET_S
+    return max(min(PLAN_BUDGET_S, left_s / 2), 0.0)
 
 
 def _refuse(request: PlanRequest, reason: str, *, subject: str) -> Plan:

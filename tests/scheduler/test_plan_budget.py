@@ -14,15 +14,17 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from nats.aio.msg import Msg
 
-from hcs_bus import kvkeys, streams
-from hcs_bus.bus import Bus
+from hcs_bus import kvkeys, messages, streams, subjects
+from hcs_bus.bus import WAIT, Bus
 from hcs_bus.messages import NodeFingerprint, Plan, PlanRequest, Requests
 from hcs_bus.settings import InjectorSettings
 from scheduler.ledger import pledge_rules as pledges
 from scheduler.plan import service
 from scheduler.plan.service import ask_plan
 from scheduler.replica import Scheduler
+from tests.metering import counted
 from tests.scheduler.conftest import Start
 from tests.scheduler.helpers import node_fp, publish_fleet, until
 
@@ -123,6 +125,30 @@ async def test_a_plan_past_its_budget_is_answered_unpledged_and_its_late_pledge_
     await until(lambda: not pledger.keyed.get("ml"), timeout_s=10)
     assert not await _pledge_keys(bus)
     assert service.PLAN_BUDGET_S < BUDGET_S / 2 < InjectorSettings().plan_timeout_s
+
+
+async def test_a_plan_request_its_asker_no_longer_waits_for_is_neither_planned_nor_pledged(
+    bus: Bus, start_scheduler: Start
+) -> None:
+    """The injector's request says how long it still waits; one that queued
+    past that (here: it says 0) would pledge for an admission already refused."""
+    await _replica(bus, start_scheduler)
+    before = counted("hcs_bus_requests_expired", subject=subjects.PLACE)
+    answers: list[Msg] = []
+
+    async def on_answer(msg: Msg) -> None:
+        answers.append(msg)
+
+    inbox = bus.nc.new_inbox()
+    watch = await bus.nc.subscribe(inbox, cb=on_answer)
+    gone = messages.encode(_admission(0))
+    await bus.nc.publish(subjects.PLACE, gone, reply=inbox, headers={WAIT: "0"})
+    waiting = await ask_plan(bus, _admission(1), timeout_s=BUDGET_S)
+    await bus.nc.flush()
+    await watch.unsubscribe()
+    assert waiting.ok and waiting.pledge and answers == []
+    assert len(await _pledge_keys(bus)) == 1  # the waiting admission's only
+    assert counted("hcs_bus_requests_expired", subject=subjects.PLACE) - before == 1
 
 
 def _ok(answer: Plan | BaseException) -> bool:
