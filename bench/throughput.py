@@ -30,9 +30,9 @@ cluster has settled and the mirror has written every ComputeNode once), the
 HCS scheduler's RSS; then each round's
 ratio and, last, ``ratio bound/s hcs/plain: X at N nodes``.
 
-``--profile`` runs the HCS scheduler under ``bench.cpu_sampler``, samples
-its CPU time through the first HCS burst and prints its busiest functions
-(on the stack, and innermost).
+``--profile`` runs the HCS scheduler (``--profile injector``: the injector)
+under ``bench.cpu_sampler``, samples its CPU time through the first HCS
+burst and prints its busiest functions (on the stack, and innermost).
 
 A fleet of thousands (``--nodes 5000``) reports less often
 (``--report-interval-s 30``): the scheduler's ``stale_after_s`` follows
@@ -219,7 +219,7 @@ def memory_kib(pid: int) -> tuple[int, int]:
 
 
 class Profiler:
-    """The scheduler's CPU time sampled into collapsed stacks until ``stop``
+    """A part's CPU time sampled into collapsed stacks until ``stop``
     (it runs under ``bench.cpu_sampler``: SIGUSR1 starts, SIGUSR2 writes)."""
 
     def __init__(self, pid: int, *, out: Path) -> None:
@@ -232,7 +232,7 @@ class Profiler:
         try:
             os.kill(self.pid, signal.SIGUSR2)
         except ProcessLookupError:
-            return "the scheduler exited before its profile was written"
+            return "the part exited before its profile was written"
         deadline = time.monotonic() + timeout_s
         while not self.out.exists():
             if time.monotonic() > deadline:
@@ -242,7 +242,7 @@ class Profiler:
 
 
 def sampled(argv: list[str], *, out: Path) -> list[str]:
-    """``argv`` (``python -m scheduler ...``) run under ``bench.cpu_sampler``."""
+    """``argv`` (``python -m scheduler ...``, or another part) run under ``bench.cpu_sampler``."""
     return [argv[0], "-m", "bench.cpu_sampler", str(out), *argv[1:]]
 
 
@@ -399,13 +399,13 @@ def report(results: list[dict[str, Any]], rest: dict[str, float], *, nodes: int)
     return median
 
 
-def print_profile(path: Path, stderr: str) -> None:
+def print_profile(path: Path, stderr: str, *, part: str) -> None:
     if not path.exists() or not path.stat().st_size:
         print(f"\nprofile: none written ({stderr.strip()[-200:] or 'no sample taken'})")
         return
     samples = sum(int(line.rpartition(" ")[2]) for line in path.read_text().splitlines())
     cpu_s = samples * cpu_sampler.INTERVAL_S
-    print(f"\nHCS scheduler's CPU time through the first HCS burst: {cpu_s:.1f} s ({path})")
+    print(f"\nHCS {part}'s CPU time through the first HCS burst: {cpu_s:.1f} s ({path})")
     print(f"  {'on stack':>9}{'own':>7}  function")
     for name, inclusive, own in top_functions(path):
         print(f"  {inclusive:>9.1%}{own:>7.1%}  {name}")
@@ -452,8 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--profile",
-        action="store_true",
-        help="sample the HCS scheduler's CPU time through the first HCS burst",
+        nargs="?",
+        const="scheduler",
+        default=None,
+        choices=("scheduler", "injector"),
+        help="sample this HCS part's CPU time (the scheduler when none is named) through the "
+        "first HCS burst",
     )
     parser.add_argument(
         "--cap-scheduler",
@@ -484,8 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster, fleet, plain_per_node=-(-args.pods // len(names)) + 2, workers=args.workers
         )
         print(f"{len(names)} Nodes created Ready in {time.monotonic() - t0:.1f} s", flush=True)
-        profile_path, profile_err = root / "scheduler.cpu-stacks.txt", ""
-        wrap = {"scheduler": lambda argv: sampled(argv, out=profile_path)} if args.profile else {}
+        profile_path, profile_err = root / f"{args.profile}.cpu-stacks.txt", ""
+        wrap = {args.profile: lambda argv: sampled(argv, out=profile_path)} if args.profile else {}
         stack = Stack(cluster, fleet=fleet, root=root, wrap=wrap)
         stack.start()
         raise_client_limits(cluster, qps=args.qps)
@@ -518,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{kind_name}-{i // 2 + 1}"
             profiler = None
             if args.profile and kind_name == "hcs" and not profile_err:
-                pid = stack.parts["scheduler"].popen.pid
+                pid = stack.parts[args.profile].popen.pid
                 profiler = Profiler(pid, out=profile_path)
             print(f"{label}: {args.pods} pods, {args.workers} clients", flush=True)
             results.append(
@@ -544,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         if cap is not None:
             print(f"HCS scheduler stopped for its cap in {cap.throttled()} periods of 100 ms")
         if args.profile:
-            print_profile(profile_path, profile_err)
+            print_profile(profile_path, profile_err, part=args.profile)
         report(results, rest, nodes=args.nodes)  # its last line: the ratio
     finally:
         if cap is not None:
