@@ -48,6 +48,7 @@ from scheduler.plan import fleet_summary, gang_records
 from scheduler.plan import rules as planning
 from scheduler.plan.gang_service import GangPins
 from scheduler.plan.pods import PlanAnnotation, PodInfo
+from scheduler.plan.shortcut_holds import Hold, ShortcutHolds
 from scheduler.quota.source import QuotaSource
 from scheduler.view.state import ClusterState, pod_key
 
@@ -107,8 +108,8 @@ class Planner:
         self._cost_s = 0.0  # what building it took
         self._dirty = True
         self._late: set[asyncio.Task[Any]] = set()  # plans answered past their budget
-        # shortcut plans not booked yet: (until, namespace, pod name or "", what it holds)
-        self._holds: list[tuple[float, str, str, Pledge]] = []
+        self._holds = ShortcutHolds()  # what shortcut plans hold until their pods are booked
+        self._charged: tuple[planning.Summary, int, planning.Summary] | None = None
         self.pledger: Pledger | None = None  # set by the replica: pledges counted and made
         self.gangs: GangPins | None = None  # set by the replica: gang members' classes
 
@@ -143,29 +144,34 @@ class Planner:
             self._summary = held = self._parts.summary(self.state.nodes)
             self._at = loop.time()
             self._cost_s = self._at - now
-            self._holds = self._unbooked(self._holds, now=self._at)
+            self._drop_booked(now=self._at)
         return self._held_too(held) if self._holds else held
 
     def _held_too(self, summary: planning.Summary) -> planning.Summary:
-        """``summary`` with what the shortcut plans not booked yet hold."""
-        now = asyncio.get_running_loop().time()
-        if self._holds[0][0] <= now:
-            self._holds = [h for h in self._holds if h[0] > now]
-        by_class: dict[str, Held] = {}
-        by_ns: dict[str, Held] = {}
-        for _until, ns, _pod, p in self._holds:
-            by_class[p.key] = by_class.get(p.key, Held()).plus(p)
-            by_ns[ns] = by_ns.get(ns, Held()).plus(p)
-        return planning.charged(summary, by_class=by_class, by_namespace=by_ns)
+        """``summary`` with what the shortcut plans not booked yet hold: from
+        their running sums, and the same object again while neither it nor
+        the holds have changed."""
+        self._holds.expire(asyncio.get_running_loop().time())
+        if not self._holds:
+            return summary
+        known = self._charged
+        if known is not None and known[0] is summary and known[1] == self._holds.version:
+            return known[2]
+        out = planning.charged(
+            summary, by_class=self._holds.by_class, by_namespace=self._holds.by_namespace
+        )
+        self._charged = (summary, self._holds.version, out)
+        return out
 
-    def _unbooked(
-        self, holds: list[tuple[float, str, str, Pledge]], *, now: float
-    ) -> list[tuple[float, str, str, Pledge]]:
-        """The holds still standing: not expired, their pod not booked in the view."""
-        if not holds:
-            return holds
+    def _drop_booked(self, *, now: float) -> None:
+        """Keep only the holds still standing: not expired, their pod not
+        booked in the view."""
+        if not self._holds:
+            return
         booked = {key for node in self.state.nodes.values() for key in node.reservations}
-        return [h for h in holds if h[0] > now and not (h[2] and pod_key(h[1], h[2]) in booked)]
+        self._holds.keep(
+            lambda h: h.until > now and not (h.pod and pod_key(h.namespace, h.pod) in booked)
+        )
 
     def _spacing(self) -> float:
         """How long a summary is kept after a change: ``max_age_s``, or longer
@@ -228,7 +234,7 @@ class Planner:
                 whole_device=plan.whole_device,
                 acu_per_device=plan.acu_per_device,
             )
-            self._holds.append((until, request.namespace, name, hold))
+            self._holds.add(Hold(until, request.namespace, name, hold))
         return plan
 
     async def within_budget(self, request: PlanRequest, *, budget_s: float) -> Plan:

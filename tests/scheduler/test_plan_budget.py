@@ -184,3 +184,11 @@ async def test_shortcut_plans_count_each_other_as_pledges_would(
     # one class, the next ones see it full and take the other
     models = collections.Counter(a.model for a in answers)
     assert models == {"A100-80G": 8, "H100-SXM": 8}, models
+    # the holds are read from their sums: while neither the view nor the
+    # holds change, every plan gets the same charged summary, built once
+    held = sched.planner._held_too(sched.planner._summary)  # type: ignore[arg-type]
+    assert sched.planner._held_too(sched.planner._summary) is held  # type: ignore[arg-type]
+    assert {k: s.pledged.whole_devices for k, s in held.classes.items()} == {
+        "nvidia/A100-80G": 8,
+        "nvidia/H100-SXM": 8,
+    }
