@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -55,14 +55,22 @@ def refused(reason: str) -> float:
     return counted("hcs_bus_replies_refused", subject=SUBJECT, reason=reason)
 
 
-async def serving(bus: Bus, handler: Handler, *, concurrency: int = 1) -> Any:
+async def serving(
+    bus: Bus,
+    handler: Callable[[PlanRequest], Awaitable[Plan]],
+    *,
+    concurrency: int = 1,
+    expires: bool = False,
+    subject: str = SUBJECT,
+) -> Any:
     sub = await bus.serve(
-        SUBJECT,
+        subject,
         PlanRequest,
         handler,
         queue="q",
         on_bad=lambda reason: Plan(ok=False, reason=reason),
         concurrency=concurrency,
+        expires=expires,
     )
     await bus.nc.flush()
     return sub

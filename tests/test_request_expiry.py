@@ -7,6 +7,7 @@ nothing, is handled as before."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from hcs_bus.bus import WAIT, Bus, time_left
 from hcs_bus.errors import BusTimeout
 from hcs_bus.messages import Plan, PlanRequest, Requests
 from scheduler.plan.service import PLAN_BUDGET_S, plan_budget
+from tests import test_replies as replies
 from tests.metering import counted
 
 SUBJECT = "hcs.test.expiry"  # a subject of this test's own
@@ -43,17 +45,8 @@ def request(namespace: str) -> PlanRequest:
     return PlanRequest(namespace=namespace, requests=Requests(vram_mib=1), dry_run=True)
 
 
-async def serving(bus: Bus, handler: Held, *, expires: bool) -> object:
-    sub = await bus.serve(
-        SUBJECT,
-        PlanRequest,
-        handler,
-        queue="q",
-        on_bad=lambda reason: Plan(ok=False, reason=reason),
-        expires=expires,
-    )
-    await bus.nc.flush()
-    return sub
+async def serving(bus: Bus, handler: Held, *, expires: bool) -> Any:
+    return await replies.serving(bus, handler, expires=expires, subject=SUBJECT)
 
 
 @pytest.mark.parametrize("expires", [True, False])
@@ -71,7 +64,7 @@ async def test_a_request_whose_asker_gave_up_while_it_queued_is_dropped_only_if_
     handler.go.set()
     assert (await first).model == "first"
     fresh = await bus.request(SUBJECT, request("fresh"), Plan, timeout_s=30.0)
-    await sub.unsubscribe()  # type: ignore[attr-defined]
+    await sub.unsubscribe()
     assert fresh.ok and fresh.model == "fresh"
     expired = counted("hcs_bus_requests_expired", subject=SUBJECT) - before
     if expires:
@@ -94,7 +87,7 @@ async def test_a_request_that_does_not_say_how_long_it_waits_is_handled_without_
         answer = await bus.nc.request(SUBJECT, data, timeout=10.0, headers=headers)
         assert messages.decode(answer.data, Plan).model == f"said-{said}"
         assert handler.left[f"said-{said}"] is None
-    await sub.unsubscribe()  # type: ignore[attr-defined]
+    await sub.unsubscribe()
 
 
 async def test_a_request_with_no_wait_left_is_dropped_on_arrival(bus: Bus) -> None:
@@ -105,7 +98,7 @@ async def test_a_request_with_no_wait_left_is_dropped_on_arrival(bus: Bus) -> No
     answers: list[bytes] = []
 
     async def on_answer(msg: object) -> None:
-        answers.append(msg.data)  # type: ignore[attr-defined]
+        answers.append(msg.data)
 
     inbox = bus.nc.new_inbox()
     watch = await bus.nc.subscribe(inbox, cb=on_answer)
@@ -115,7 +108,7 @@ async def test_a_request_with_no_wait_left_is_dropped_on_arrival(bus: Bus) -> No
     after = await bus.request(SUBJECT, request("after"), Plan, timeout_s=10.0)  # served in order
     await bus.nc.flush()
     await watch.unsubscribe()
-    await sub.unsubscribe()  # type: ignore[attr-defined]
+    await sub.unsubscribe()
     assert after.model == "after" and "gone" not in handler.seen and answers == []
     assert counted("hcs_bus_requests_expired", subject=SUBJECT) - before == 1
 
