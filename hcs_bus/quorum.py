@@ -64,6 +64,12 @@ class LeaderWatch:
             "written; retry once the NATS servers are back"
         )
 
+    @property
+    def unsure(self) -> bool:
+        """Whether the last question could not tell: no answer came in time
+        while this process was itself stalled."""
+        return self._unsure
+
     async def run(self) -> None:
         _watches.add(self)  # gauged while it runs
         try:
