@@ -7,7 +7,6 @@ nothing, is handled as before."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -45,16 +44,12 @@ def request(namespace: str) -> PlanRequest:
     return PlanRequest(namespace=namespace, requests=Requests(vram_mib=1), dry_run=True)
 
 
-async def serving(bus: Bus, handler: Held, *, expires: bool) -> Any:
-    return await replies.serving(bus, handler, expires=expires, subject=SUBJECT)
-
-
 @pytest.mark.parametrize("expires", [True, False])
 async def test_a_request_whose_asker_gave_up_while_it_queued_is_dropped_only_if_the_service_says_so(
     bus: Bus, expires: bool
 ) -> None:
     handler = Held()
-    sub = await serving(bus, handler, expires=expires)
+    sub = await replies.serving(bus, handler, expires=expires, subject=SUBJECT)
     before = counted("hcs_bus_requests_expired", subject=SUBJECT)
     first = asyncio.create_task(bus.request(SUBJECT, request("first"), Plan, timeout_s=30.0))
     async with asyncio.timeout(10):
@@ -80,7 +75,7 @@ async def test_a_request_that_does_not_say_how_long_it_waits_is_handled_without_
 ) -> None:
     handler = Held()
     handler.seen.append("")  # nothing is held
-    sub = await serving(bus, handler, expires=True)
+    sub = await replies.serving(bus, handler, expires=True, subject=SUBJECT)
     for said in (None, "soon", "-1", "nan"):
         headers = None if said is None else {WAIT: said}
         data = messages.encode(request(f"said-{said}"))
@@ -93,7 +88,7 @@ async def test_a_request_that_does_not_say_how_long_it_waits_is_handled_without_
 async def test_a_request_with_no_wait_left_is_dropped_on_arrival(bus: Bus) -> None:
     handler = Held()
     handler.seen.append("")
-    sub = await serving(bus, handler, expires=True)
+    sub = await replies.serving(bus, handler, expires=True, subject=SUBJECT)
     before = counted("hcs_bus_requests_expired", subject=SUBJECT)
     answers: list[bytes] = []
 

@@ -145,7 +145,7 @@ class Planner:
             self._at = loop.time()
             self._cost_s = self._at - now
             self._drop_booked(now=self._at)
-        return self._held_too(held) if self._holds else held
+        return self._held_too(held)
 
     def _held_too(self, summary: planning.Summary) -> planning.Summary:
         """``summary`` with what the shortcut plans not booked yet hold: from
@@ -210,7 +210,7 @@ class Planner:
         rebuilt), every known pledge counted, the quota only if known within
         ``QUICK_QUOTA_S`` (bind checks it again); it pledges nothing."""
         held = self._summary
-        summary = self.summary() if held is None else self._held_too(held) if self._holds else held
+        summary = self.summary() if held is None else self._held_too(held)
         if self.pledger is not None:
             summary = self.pledger.charged(summary)
         quota = None
