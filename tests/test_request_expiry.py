@@ -7,6 +7,7 @@ nothing, is handled as before."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,21 @@ class Held:
         return Plan(ok=True, model=request.namespace)
 
 
+LATE_WAIT_S = 0.2
+
+
+async def _past_its_wait(sub: Any) -> None:
+    """Until the request queued behind the held one is past its wait as the
+    serving process measures it: from when its client parsed the request,
+    which on a loaded machine can be later than when its asker sent it (and
+    gave up). Parsed by now at the latest, so its wait ends within
+    ``LATE_WAIT_S`` from now."""
+    async with asyncio.timeout(10):
+        while sub.pending_msgs < 1:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(LATE_WAIT_S)  # the wait the request said: the event itself
+
+
 def request(namespace: str) -> PlanRequest:
     return PlanRequest(namespace=namespace, requests=Requests(vram_mib=1), dry_run=True)
 
@@ -55,7 +71,8 @@ async def test_a_request_whose_asker_gave_up_while_it_queued_is_dropped_only_if_
     async with asyncio.timeout(10):
         await handler.started.wait()
     with pytest.raises(BusTimeout):  # its asker gives up while "first" holds the service
-        await bus.request(SUBJECT, request("late"), Plan, timeout_s=0.2)
+        await bus.request(SUBJECT, request("late"), Plan, timeout_s=LATE_WAIT_S)
+    await _past_its_wait(sub)
     handler.go.set()
     assert (await first).model == "first"
     fresh = await bus.request(SUBJECT, request("fresh"), Plan, timeout_s=30.0)
